@@ -1,0 +1,143 @@
+// Collective and point-to-point entry points. Every argument is validated here, before
+// anything is queued; the data path itself arrives with the host/GPU engines.
+#include <climits>
+#include <cstdint>
+
+#include "bindings/c/api_common.h"
+
+using namespace tutti;
+using tutti::api::fail;
+
+namespace {
+
+constexpr int kNone = INT_MIN;
+
+enum class Kind {
+  kAllReduce, kAllGather, kReduceScatter, kBroadcast, kReduce, kAlltoAll, kGather, kScatter,
+  kSend, kRecv
+};
+
+struct Call {
+  const char* fn;
+  Kind kind;
+  const void* send;
+  const void* recv;
+  size_t count;
+  int dtype;
+  int op;    // kNone: not a reduction
+  int root;  // root or peer; kNone: neither
+  ncclComm_t comm;
+};
+
+bool scalesWithRanks(Kind k) {
+  return k == Kind::kAllGather || k == Kind::kReduceScatter || k == Kind::kAlltoAll ||
+         k == Kind::kGather || k == Kind::kScatter;
+}
+
+Status validate(const Call& c, Comm** out) {
+  TUTTI_ASSIGN(comm, api::lookup(c.comm, api::Need::kReady));
+  size_t size = api::typeSize(c.dtype);
+  if (size == 0) {
+    return invalidArgument("datatype " + std::to_string(c.dtype) + " is not a valid ncclDataType_t");
+  }
+  if (c.op != kNone && (c.op < 0 || c.op >= ncclNumOps)) {
+    return invalidArgument("reduction op " + std::to_string(c.op) +
+                           " is not a valid ncclRedOp_t (no custom op was created)");
+  }
+  if (c.root != kNone) {
+    const char* what = (c.kind == Kind::kSend || c.kind == Kind::kRecv) ? "peer" : "root";
+    if (c.root < 0 || c.root >= comm->nranks()) {
+      return invalidArgument(std::string(what) + " " + std::to_string(c.root) +
+                             " is out of range for a communicator of " +
+                             std::to_string(comm->nranks()) + " ranks");
+    }
+  }
+  size_t elems = c.count;
+  if (scalesWithRanks(c.kind)) {
+    if (elems > SIZE_MAX / static_cast<size_t>(comm->nranks())) {
+      return invalidArgument("count " + std::to_string(c.count) + " x " +
+                             std::to_string(comm->nranks()) + " ranks overflows");
+    }
+    elems *= static_cast<size_t>(comm->nranks());
+  }
+  if (elems > SIZE_MAX / size || elems * size > static_cast<size_t>(INT64_MAX)) {
+    return invalidArgument("count " + std::to_string(c.count) + " of " + api::typeName(c.dtype) +
+                           " overflows the addressable size");
+  }
+  if (c.count > 0) {
+    bool needSend = c.kind != Kind::kRecv;
+    bool needRecv = c.kind != Kind::kSend;
+    // Only the root's receive buffer matters for Reduce / Gather, only its send for Scatter.
+    if ((c.kind == Kind::kReduce || c.kind == Kind::kGather) && comm->rank() != c.root)
+      needRecv = false;
+    if (c.kind == Kind::kScatter && comm->rank() != c.root) needSend = false;
+    if (needSend && !c.send) return invalidArgument("sendbuff is NULL with count > 0");
+    if (needRecv && !c.recv) return invalidArgument("recvbuff is NULL with count > 0");
+  }
+  *out = comm;
+  return Status::Ok();
+}
+
+ncclResult_t enqueue(const Call& c) {
+  Comm* comm = nullptr;
+  if (Status s = validate(c, &comm); !s.ok()) return fail(c.fn, s);
+  return fail(c.fn, invalidUsage("not implemented yet in tutti 0.1.0: the collective data "
+                                 "path is not built yet (only communicator setup is)"));
+}
+
+}  // namespace
+
+TUTTI_API ncclResult_t ncclAllReduce(const void* s, void* r, size_t count, ncclDataType_t t,
+                                     ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+  return enqueue({"ncclAllReduce", Kind::kAllReduce, s, r, count, t, op, kNone, comm});
+}
+
+TUTTI_API ncclResult_t ncclAllGather(const void* s, void* r, size_t count, ncclDataType_t t,
+                                     ncclComm_t comm, cudaStream_t) {
+  return enqueue({"ncclAllGather", Kind::kAllGather, s, r, count, t, kNone, kNone, comm});
+}
+
+TUTTI_API ncclResult_t ncclReduceScatter(const void* s, void* r, size_t count, ncclDataType_t t,
+                                         ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+  return enqueue({"ncclReduceScatter", Kind::kReduceScatter, s, r, count, t, op, kNone, comm});
+}
+
+TUTTI_API ncclResult_t ncclBroadcast(const void* s, void* r, size_t count, ncclDataType_t t,
+                                     int root, ncclComm_t comm, cudaStream_t) {
+  return enqueue({"ncclBroadcast", Kind::kBroadcast, s, r, count, t, kNone, root, comm});
+}
+
+TUTTI_API ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t t, int root,
+                                 ncclComm_t comm, cudaStream_t) {
+  return enqueue({"ncclBcast", Kind::kBroadcast, buff, buff, count, t, kNone, root, comm});
+}
+
+TUTTI_API ncclResult_t ncclReduce(const void* s, void* r, size_t count, ncclDataType_t t,
+                                  ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t) {
+  return enqueue({"ncclReduce", Kind::kReduce, s, r, count, t, op, root, comm});
+}
+
+TUTTI_API ncclResult_t ncclAlltoAll(const void* s, void* r, size_t count, ncclDataType_t t,
+                                    ncclComm_t comm, cudaStream_t) {
+  return enqueue({"ncclAlltoAll", Kind::kAlltoAll, s, r, count, t, kNone, kNone, comm});
+}
+
+TUTTI_API ncclResult_t ncclGather(const void* s, void* r, size_t count, ncclDataType_t t, int root,
+                                  ncclComm_t comm, cudaStream_t) {
+  return enqueue({"ncclGather", Kind::kGather, s, r, count, t, kNone, root, comm});
+}
+
+TUTTI_API ncclResult_t ncclScatter(const void* s, void* r, size_t count, ncclDataType_t t,
+                                   int root, ncclComm_t comm, cudaStream_t) {
+  return enqueue({"ncclScatter", Kind::kScatter, s, r, count, t, kNone, root, comm});
+}
+
+TUTTI_API ncclResult_t ncclSend(const void* s, size_t count, ncclDataType_t t, int peer,
+                                ncclComm_t comm, cudaStream_t) {
+  return enqueue({"ncclSend", Kind::kSend, s, nullptr, count, t, kNone, peer, comm});
+}
+
+TUTTI_API ncclResult_t ncclRecv(void* r, size_t count, ncclDataType_t t, int peer,
+                                ncclComm_t comm, cudaStream_t) {
+  return enqueue({"ncclRecv", Kind::kRecv, nullptr, r, count, t, kNone, peer, comm});
+}

@@ -1,0 +1,83 @@
+#include "bindings/c/api_common.h"
+
+#include "runtime/log.h"
+#include "runtime/version.h"
+
+namespace tutti::api {
+namespace {
+thread_local std::string tLastError;
+}  // namespace
+
+ncclResult_t fail(const char* fn, const Status& s) {
+  tLastError = std::string(fn) + ": " + s.message();
+  if (s.code() != Code::kInProgress) TUTTI_WARN("%s", tLastError.c_str());
+  return static_cast<ncclResult_t>(s.code());
+}
+
+const char* lastError() { return tLastError.c_str(); }
+
+Result<Comm*> lookup(const void* handle, Need need) {
+  if (!handle) return invalidArgument("comm is NULL");
+  if (!registry::contains(handle)) {
+    char text[96];
+    snprintf(text, sizeof(text), "comm %p is not a live communicator", handle);
+    return invalidArgument(std::string(text) + " (already destroyed or aborted?)");
+  }
+  Comm* comm = static_cast<Comm*>(const_cast<void*>(handle));
+  if (need == Need::kAny) return comm;
+  switch (comm->state()) {
+    case Comm::State::kReady:
+      return comm;
+    case Comm::State::kInitializing:
+      return invalidUsage(
+          "the communicator is still initializing (nonblocking); poll ncclCommGetAsyncError "
+          "until it returns ncclSuccess");
+    case Comm::State::kFailed:
+      return invalidUsage("the communicator failed to initialize: " + comm->asyncMessage());
+    case Comm::State::kFinalized:
+      return invalidUsage("the communicator was finalized; only ncclCommDestroy is allowed");
+  }
+  return internalError("unknown communicator state");
+}
+
+size_t typeSize(int t) {
+  switch (t) {
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+      return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+const char* typeName(int t) {
+  static const char* kNames[] = {"int8", "uint8",   "int32",    "uint32", "int64",    "uint64",
+                                 "half", "float",   "double",   "bf16",   "fp8e4m3", "fp8e5m2"};
+  return t >= 0 && t < ncclNumTypes ? kNames[t] : "unknown";
+}
+
+const char* opName(int op) {
+  static const char* kNames[] = {"sum", "prod", "max", "min", "avg"};
+  return op >= 0 && op < ncclNumOps ? kNames[op] : "unknown";
+}
+
+ncclResult_t notImplemented(const char* fn, const void* comm) {
+  Result<Comm*> c = lookup(comm, Need::kReady);
+  if (!c.ok()) return fail(fn, c.status());
+  return fail(fn, invalidUsage(std::string("not implemented yet in tutti ") + kTuttiVersionString));
+}
+
+}  // namespace tutti::api

@@ -1,0 +1,105 @@
+// Entry points exported for binary compatibility whose implementation belongs to later
+// layers. Each validates what it can, then returns ncclInvalidUsage with a message saying so.
+#include "bindings/c/api_common.h"
+
+using namespace tutti;
+using tutti::api::fail;
+using tutti::api::notImplemented;
+
+TUTTI_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int n, ncclComm_t* newcomm,
+                                      ncclConfig_t*, int) {
+  if (!newcomm) return fail("ncclCommShrink", invalidArgument("newcomm is NULL"));
+  *newcomm = nullptr;
+  if (n < 0 || (n > 0 && !exclude)) {
+    return fail("ncclCommShrink", invalidArgument("excludeRanksList/excludeRanksCount invalid"));
+  }
+  return notImplemented("ncclCommShrink", comm);
+}
+
+TUTTI_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int) {
+  return notImplemented("ncclCommRevoke", comm);
+}
+
+TUTTI_API ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* id) {
+  if (!id) return fail("ncclCommGetUniqueId", invalidArgument("uniqueId is NULL"));
+  return notImplemented("ncclCommGetUniqueId", comm);
+}
+
+TUTTI_API ncclResult_t ncclCommGrow(ncclComm_t comm, int, const ncclUniqueId*, int,
+                                    ncclComm_t* newcomm, ncclConfig_t*) {
+  if (!newcomm) return fail("ncclCommGrow", invalidArgument("newcomm is NULL"));
+  *newcomm = nullptr;
+  return fail("ncclCommGrow", invalidUsage("not implemented yet in tutti 0.1.0"));
+  (void)comm;
+}
+
+TUTTI_API ncclResult_t ncclCommSuspend(ncclComm_t comm, int) {
+  return notImplemented("ncclCommSuspend", comm);
+}
+
+TUTTI_API ncclResult_t ncclCommResume(ncclComm_t comm) {
+  return notImplemented("ncclCommResume", comm);
+}
+
+TUTTI_API ncclResult_t ncclCommMemStats(ncclComm_t comm, int, uint64_t* value) {
+  if (!value) return fail("ncclCommMemStats", invalidArgument("value is NULL"));
+  return notImplemented("ncclCommMemStats", comm);
+}
+
+TUTTI_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size,
+                                        void** handle) {
+  if (!handle) return fail("ncclCommRegister", invalidArgument("handle is NULL"));
+  if (!buff && size > 0) return fail("ncclCommRegister", invalidArgument("buff is NULL"));
+  *handle = nullptr;
+  return notImplemented("ncclCommRegister", comm);
+}
+
+TUTTI_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void*) {
+  return notImplemented("ncclCommDeregister", comm);
+}
+
+TUTTI_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
+                                              ncclWindow_t* win, int) {
+  if (!win) return fail("ncclCommWindowRegister", invalidArgument("win is NULL"));
+  *win = nullptr;
+  if (!buff && size > 0) return fail("ncclCommWindowRegister", invalidArgument("buff is NULL"));
+  return notImplemented("ncclCommWindowRegister", comm);
+}
+
+TUTTI_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t) {
+  return notImplemented("ncclCommWindowDeregister",
+                        comm);
+}
+
+TUTTI_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
+                                                ncclDataType_t datatype,
+                                                ncclScalarResidence_t residence,
+                                                ncclComm_t comm) {
+  const char* fn = "ncclRedOpCreatePreMulSum";
+  if (!op) return fail(fn, invalidArgument("op is NULL"));
+  if (!scalar) return fail(fn, invalidArgument("scalar is NULL"));
+  if (api::typeSize(datatype) == 0) {
+    return fail(fn, invalidArgument("datatype " + std::to_string(datatype) + " is not valid"));
+  }
+  if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate) {
+    return fail(fn, invalidArgument("residence " + std::to_string(residence) + " is not valid"));
+  }
+  return notImplemented(fn, comm);
+}
+
+TUTTI_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  if (op >= 0 && op < ncclNumOps) {
+    return fail("ncclRedOpDestroy",
+                invalidArgument("op " + std::to_string(op) + " is a built-in op, not a custom one"));
+  }
+  return notImplemented("ncclRedOpDestroy", comm);
+}
+
+TUTTI_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* info) {
+  if (!info) return fail("ncclGroupSimulateEnd", invalidArgument("simInfo is NULL"));
+  if (info->magic != NCCL_SIM_INFO_MAGIC) {
+    return fail("ncclGroupSimulateEnd",
+                invalidArgument("simInfo->magic is wrong; use NCCL_SIM_INFO_INITIALIZER"));
+  }
+  return fail("ncclGroupSimulateEnd", invalidUsage("not implemented yet in tutti 0.1.0"));
+}

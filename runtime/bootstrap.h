@@ -1,0 +1,67 @@
+// A rank's side of the bootstrap: check in with the root, join the ring, then all-gather,
+// barrier and point-to-point messages among the ranks of one communicator. Used at init and
+// by later setup steps (transport handshakes); never on a data path.
+#pragma once
+
+#include <list>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "runtime/acceptor.h"
+#include "runtime/socket.h"
+#include "runtime/wire.h"
+
+namespace tutti {
+
+class Bootstrap {
+ public:
+  // Blocks until the ring is formed, the deadline passes (an error naming the ranks that did
+  // not arrive) or *abort becomes true.
+  static Result<std::unique_ptr<Bootstrap>> create(const wire::UniqueId& id, int rank,
+                                                   int nranks, const std::atomic<bool>* abort,
+                                                   double timeoutS);
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  // Where this rank's listener is (and so which interface was chosen).
+  const net::SockAddr& listenAddr() const { return listenAddr_; }
+  net::SockAddr peerAddr(int rank) const { return wire::toSockAddr(peers_[rank]); }
+
+  // data holds nranks slices of bytesPerRank; slice rank() is ours, the rest are filled in.
+  Status allGather(void* data, size_t bytesPerRank);
+  Status barrier();
+  // Point-to-point messages, matched by (peer, tag); messages may arrive in any order.
+  Status send(int peer, uint32_t tag, const void* data, size_t size);
+  Status recv(int peer, uint32_t tag, void* data, size_t size);
+
+ private:
+  Bootstrap(int rank, int nranks, uint64_t secret, const std::atomic<bool>* abort,
+            double timeoutS);
+  Status checkInAndFormRing(const wire::UniqueId& id);
+  // Accepts until a connection of `kind` from `fromRank` arrives; queues P2P messages.
+  Result<net::Socket> acceptFrom(wire::HelloKind kind, int fromRank, net::Deadline deadline);
+  Status queueMessage(net::Socket& s, const wire::Hello& h, net::Deadline deadline);
+  wire::Hello hello(wire::HelloKind kind) const;
+
+  int rank_, nranks_;
+  uint64_t secret_;
+  const std::atomic<bool>* abort_;
+  double timeoutS_;
+  net::Socket listener_;
+  net::SockAddr listenAddr_;
+  std::unique_ptr<Acceptor> acceptor_;
+  net::Socket next_, prev_;
+  std::vector<wire::Addr> peers_;
+
+  struct Message {
+    int from;
+    uint32_t tag;
+    std::vector<char> data;
+  };
+  std::mutex recvMu_;  // one receiver drives the acceptor at a time
+  std::list<Message> unexpected_;
+  std::mutex ringMu_;
+};
+
+}  // namespace tutti

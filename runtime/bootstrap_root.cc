@@ -1,0 +1,191 @@
+#include "runtime/bootstrap_root.h"
+
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "runtime/acceptor.h"
+#include "runtime/env.h"
+#include "runtime/log.h"
+
+namespace tutti {
+namespace {
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string out;
+  size_t shown = std::min<size_t>(ranks.size(), 16);
+  for (size_t i = 0; i < shown; ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > shown) out += " and " + std::to_string(ranks.size() - shown) + " more";
+  return out;
+}
+
+class Root {
+ public:
+  Root(net::Socket listener, uint64_t secret, double timeoutS)
+      : listener_(std::move(listener)),
+        secret_(secret),
+        timeoutS_(timeoutS),
+        acceptor_(&listener_, secret, "bootstrap root") {}
+
+  void run() {
+    std::string where = listener_.localAddr().ok() ? listener_.localAddr().value().toString()
+                                                   : std::string("?");
+    net::Deadline deadline = net::deadlineAfter(timeoutS_);
+    bool first = true;
+    while (nranks_ < 0 || arrived_ < nranks_) {
+      Result<Acceptor::Accepted> a = acceptor_.next(deadline, nullptr);
+      if (!a.ok()) {
+        fail(where);
+        return;
+      }
+      Acceptor::Accepted acc = a.take();
+      const wire::Hello& h = acc.hello;
+      if (h.kind != static_cast<uint32_t>(wire::HelloKind::kCheckIn)) {
+        TUTTI_WARN("bootstrap root %s: dropped a connection of kind %u (expected a check-in)",
+                   where.c_str(), h.kind);
+        continue;
+      }
+      if (first) {
+        // The deadline runs from the first check-in: an id may be made well before use.
+        first = false;
+        deadline = net::deadlineAfter(timeoutS_);
+        nranks_ = h.nranks;
+        slots_.resize(static_cast<size_t>(std::max(nranks_, 0)));
+      }
+      std::string problem;
+      if (h.nranks != nranks_) {
+        problem = "rank " + std::to_string(h.rank) + " says nranks=" + std::to_string(h.nranks) +
+                  " but the first rank to check in said nranks=" + std::to_string(nranks_);
+      } else if (h.rank < 0 || h.rank >= nranks_) {
+        problem = "rank " + std::to_string(h.rank) + " is out of range for nranks=" +
+                  std::to_string(nranks_);
+      } else if (slots_[static_cast<size_t>(h.rank)]) {
+        problem = "rank " + std::to_string(h.rank) +
+                  " checked in twice (two processes were given the same rank?)";
+      }
+      if (!problem.empty()) {
+        TUTTI_WARN("bootstrap root %s: %s", where.c_str(), problem.c_str());
+        reply(acc.socket, Code::kInvalidUsage, problem, wire::Addr{});
+        continue;
+      }
+      TUTTI_TRACE(log::kBootstrap, "bootstrap root %s: rank %d checked in from %s",
+                  where.c_str(), h.rank, acc.socket.peerAddr().toString().c_str());
+      slots_[static_cast<size_t>(h.rank)] = Slot{std::move(acc.socket), h.addr, h.size};
+      ++arrived_;
+    }
+    for (int r = 0; r < nranks_; ++r) {
+      auto& next = slots_[static_cast<size_t>((r + 1) % nranks_)];
+      reply(slots_[static_cast<size_t>(r)]->socket, Code::kOk, "", next->addr);
+    }
+    TUTTI_INFO(log::kBootstrap, "bootstrap root %s: all %d ranks checked in", where.c_str(),
+               nranks_);
+  }
+
+ private:
+  struct Slot {
+    net::Socket socket;
+    wire::Addr addr;
+    uint64_t pid;
+  };
+
+  void reply(net::Socket& s, Code code, const std::string& message, const wire::Addr& next) {
+    wire::RootReply r{};
+    r.magic = wire::kReplyMagic;
+    r.code = static_cast<int32_t>(code);
+    r.next = next;
+    snprintf(r.message, sizeof(r.message), "%s", message.c_str());
+    Status st = s.sendAll(&r, sizeof(r), net::deadlineAfter(10), nullptr);
+    if (!st.ok()) {
+      TUTTI_WARN("bootstrap root: could not answer a rank: %s", st.message().c_str());
+    }
+  }
+
+  void fail(const std::string& where) {
+    std::vector<int> missing;
+    for (int r = 0; r < nranks_; ++r) {
+      if (!slots_[static_cast<size_t>(r)]) missing.push_back(r);
+    }
+    if (nranks_ < 0) {
+      TUTTI_WARN("bootstrap root %s: no rank checked in within %.0f s; closing", where.c_str(),
+                 timeoutS_);
+      return;
+    }
+    std::string msg = "rank(s) " + rankList(missing) + " of " + std::to_string(nranks_) +
+                      " did not check in with the bootstrap root at " + where + " within " +
+                      std::to_string(static_cast<int>(timeoutS_)) +
+                      " s (TUTTI_BOOTSTRAP_TIMEOUT)";
+    TUTTI_WARN("bootstrap root: %s", msg.c_str());
+    // Ranks of this process last: once one of them has its answer it may return and the
+    // process exit, taking this thread with it before the other ranks heard why.
+    for (bool ours : {false, true}) {
+      for (auto& slot : slots_) {
+        if (slot && (slot->pid == static_cast<uint64_t>(getpid())) == ours) {
+          reply(slot->socket, Code::kTimeout, msg, wire::Addr{});
+        }
+      }
+    }
+  }
+
+  net::Socket listener_;
+  uint64_t secret_;
+  double timeoutS_;
+  Acceptor acceptor_;
+  int nranks_ = -1;
+  int arrived_ = 0;
+  std::vector<std::optional<Slot>> slots_;
+};
+
+void launch(net::Socket listener, uint64_t secret) {
+  double timeout = env::bootstrapTimeoutSeconds();
+  std::thread([l = std::move(listener), secret, timeout]() mutable {
+    Root root(std::move(l), secret, timeout);
+    root.run();
+  }).detach();
+}
+
+}  // namespace
+
+uint64_t randomSecret() {
+  uint64_t s = 0;
+  while (s == 0) {
+    if (getrandom(&s, sizeof(s), 0) != sizeof(s)) {
+      // getrandom cannot fail for 8 bytes once the pool is ready; fall back defensively.
+      s = static_cast<uint64_t>(net::Clock::now().time_since_epoch().count()) ^
+          (static_cast<uint64_t>(getpid()) << 32);
+    }
+  }
+  return s;
+}
+
+Result<wire::UniqueId> startRootWithNewId(const net::SockAddr& bindAddr) {
+  TUTTI_ASSIGN(listener, net::Socket::listen(bindAddr));
+  TUTTI_ASSIGN(bound, listener.localAddr());
+  // A wildcard bind (see Socket::listen) is reached through the address that was asked for.
+  net::SockAddr local = bound.isWildcard() ? bindAddr : bound;
+  local.setPort(bound.port());
+  wire::UniqueId id{};
+  id.magic = wire::kIdMagic;
+  id.secret = randomSecret();
+  id.root = wire::fromSockAddr(local);
+  TUTTI_INFO(log::kBootstrap, "bootstrap root listening on %s", local.toString().c_str());
+  launch(std::move(listener), id.secret);
+  return id;
+}
+
+Status startRootForId(const wire::UniqueId& id) {
+  net::SockAddr addr = wire::toSockAddr(id.root);
+  Result<net::Socket> listener = net::Socket::listen(addr);
+  if (!listener.ok()) {
+    return listener.status().withContext("rank 0 cannot host the bootstrap root at " +
+                                         addr.toString() + " (is the port in use?)");
+  }
+  TUTTI_INFO(log::kBootstrap, "bootstrap root (hosted by rank 0) listening on %s",
+             addr.toString().c_str());
+  launch(listener.take(), id.secret);
+  return Status::Ok();
+}
+
+}  // namespace tutti

@@ -1,0 +1,20 @@
+// The rendezvous root: collects one check-in per rank, then tells each rank where the next
+// rank of the ring listens. It runs in a detached thread and ends once every rank has its
+// answer, or at its deadline, when it tells the ranks that came which ranks did not.
+#pragma once
+
+#include "runtime/socket.h"
+#include "runtime/wire.h"
+
+namespace tutti {
+
+// A fresh random 64-bit secret (getrandom).
+uint64_t randomSecret();
+
+// Listens on `bindAddr` and starts the root thread; returns the id that leads ranks to it.
+Result<wire::UniqueId> startRootWithNewId(const net::SockAddr& bindAddr);
+
+// Starts the root for an id whose address was fixed in advance (NCCL_COMM_ID); rank 0 calls it.
+Status startRootForId(const wire::UniqueId& id);
+
+}  // namespace tutti

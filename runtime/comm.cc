@@ -1,0 +1,143 @@
+#include "runtime/comm.h"
+
+#include <unistd.h>
+
+#include <unordered_set>
+
+#include "runtime/cuda_shim.h"
+#include "runtime/env.h"
+#include "runtime/log.h"
+
+namespace tutti {
+
+Comm::Comm(int rank, int nranks, int cudaDev, CommConfig config)
+    : rank_(rank), nranks_(nranks), cudaDev_(cudaDev), config_(std::move(config)) {
+  asyncCode_.store(Code::kInProgress);
+}
+
+Comm::~Comm() {
+  if (worker_.joinable()) worker_.join();
+  for (auto& h : helpers_) h.wait();
+}
+
+std::string Comm::asyncMessage() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return asyncMessage_;
+}
+
+void Comm::setAsyncError(const Status& s) {
+  if (s.ok()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  Code current = asyncCode_.load();
+  if (current != Code::kOk && current != Code::kInProgress) return;  // keep the first error
+  asyncMessage_ = s.message();
+  asyncCode_.store(s.code(), std::memory_order_release);
+}
+
+Status Comm::init(const wire::UniqueId& id) {
+  log::setThreadDevice(cudaDev_);
+  commHash_ = fnv1a(&id, sizeof(id));
+  TUTTI_INFO(log::kInit, "comm %p rank %d nranks %d cudaDev %d busId %s commId 0x%llx - Init START",
+             static_cast<void*>(this), rank_, nranks_, cudaDev_,
+             cudaDev_ >= 0 ? cuda::busId(cudaDev_).c_str() : "none",
+             static_cast<unsigned long long>(commHash_));
+  Result<std::unique_ptr<Bootstrap>> b =
+      Bootstrap::create(id, rank_, nranks_, &abort_, env::bootstrapTimeoutSeconds());
+  if (!b.ok()) return b.status();
+  bootstrap_ = b.take();
+
+  peers_.assign(static_cast<size_t>(nranks_), PeerInfo{});
+  peers_[static_cast<size_t>(rank_)] = localPeerInfo(rank_, cudaDev_, bootstrap_->listenAddr());
+  TUTTI_TRY(bootstrap_->allGather(peers_.data(), sizeof(PeerInfo)).withContext("peer info"));
+  for (int r = 0; r < nranks_; ++r) {
+    if (peers_[static_cast<size_t>(r)].rank != r) {
+      return internalError("peer info exchange: slot " + std::to_string(r) + " holds rank " +
+                           std::to_string(peers_[static_cast<size_t>(r)].rank));
+    }
+  }
+  logLayout();
+  TUTTI_INFO(log::kInit, "comm %p rank %d nranks %d cudaDev %d - Init COMPLETE",
+             static_cast<void*>(this), rank_, nranks_, cudaDev_);
+  return Status::Ok();
+}
+
+void Comm::logLayout() const {
+  if (!log::enabled(log::Level::kInfo, log::kInit)) return;
+  const PeerInfo& me = peers_[static_cast<size_t>(rank_)];
+  int local = 0;
+  for (const PeerInfo& p : peers_) local += p.hostHash == me.hostHash;
+  TUTTI_INFO(log::kInit, "rank %d: host %s pid %lld %s%s, %d of %d ranks on this host%s%s",
+             rank_, me.hostname, static_cast<long long>(me.pid),
+             cudaDev_ >= 0 ? "cudaDev " : "CPU rank",
+             cudaDev_ >= 0 ? std::to_string(cudaDev_).c_str() : "", local, nranks_,
+             config_.commName.empty() ? "" : ", commName ", config_.commName.c_str());
+  if (rank_ != 0) return;
+  for (const PeerInfo& p : peers_) {
+    TUTTI_INFO(log::kInit, "  rank %d -> host %s pid %lld dev %d%s%s bootstrap %s", p.rank,
+               p.hostname, static_cast<long long>(p.pid), p.cudaDev, p.busId[0] ? " bus " : "",
+               p.busId, wire::toSockAddr(p.bootstrapAddr).toString().c_str());
+  }
+}
+
+std::shared_future<Status> Comm::startAsync(std::function<Status()> work) {
+  std::packaged_task<Status()> task([this, work = std::move(work)] {
+    log::setThreadDevice(cudaDev_);
+    if (cudaDev_ >= 0) (void)cuda::setDevice(cudaDev_);
+    Status s = work();
+    finish(s);
+    return s;
+  });
+  std::shared_future<Status> done = task.get_future().share();
+  worker_ = std::thread(std::move(task));
+  return done;
+}
+
+void Comm::finish(const Status& s) {
+  if (s.ok()) {
+    asyncCode_.store(Code::kOk, std::memory_order_release);
+    state_.store(State::kReady, std::memory_order_release);
+  } else {
+    setAsyncError(s);
+    state_.store(State::kFailed, std::memory_order_release);
+  }
+}
+
+Status Comm::wait() {
+  if (worker_.joinable()) worker_.join();
+  Code c = asyncCode();
+  if (c == Code::kOk) return Status::Ok();
+  return Status(c, asyncMessage());
+}
+
+void Comm::adoptHelper(std::shared_future<Status> work) {
+  std::lock_guard<std::mutex> lock(mu_);
+  helpers_.push_back(std::move(work));
+}
+
+namespace registry {
+namespace {
+std::mutex& mu() {
+  static std::mutex* m = new std::mutex();
+  return *m;
+}
+std::unordered_set<const void*>& live() {
+  static auto* s = new std::unordered_set<const void*>();
+  return *s;
+}
+}  // namespace
+
+void add(Comm* comm) {
+  std::lock_guard<std::mutex> lock(mu());
+  live().insert(comm);
+}
+void remove(Comm* comm) {
+  std::lock_guard<std::mutex> lock(mu());
+  live().erase(comm);
+}
+bool contains(const void* comm) {
+  std::lock_guard<std::mutex> lock(mu());
+  return live().count(comm) != 0;
+}
+}  // namespace registry
+
+}  // namespace tutti

@@ -1,0 +1,102 @@
+#include "runtime/cuda_shim.h"
+
+#ifdef TUTTI_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include <mutex>
+
+namespace tutti::cuda {
+
+#ifdef TUTTI_HAVE_CUDA
+
+namespace {
+struct Probe {
+  int count = 0;
+  std::string reason;
+};
+const Probe& probe() {
+  static Probe p = [] {
+    Probe r;
+    cudaError_t e = cudaGetDeviceCount(&r.count);
+    if (e != cudaSuccess) {
+      r.count = 0;
+      r.reason = cudaGetErrorString(e);
+      cudaGetLastError();  // do not leave the error sticky for the application
+    } else if (r.count == 0) {
+      r.reason = "no CUDA device";
+    }
+    return r;
+  }();
+  return p;
+}
+Status cudaStatus(const char* what, cudaError_t e) {
+  return Status(Code::kCudaError, std::string(what) + ": " + cudaGetErrorString(e));
+}
+}  // namespace
+
+int deviceCount() { return probe().count; }
+std::string unavailableReason() { return probe().reason; }
+
+int currentDevice() {
+  if (deviceCount() == 0) return -1;
+  int d = -1;
+  if (cudaGetDevice(&d) != cudaSuccess) return -1;
+  return d;
+}
+
+Status setDevice(int device) {
+  if (device < 0 || device >= deviceCount()) {
+    return invalidArgument("CUDA device " + std::to_string(device) + " does not exist (" +
+                           std::to_string(deviceCount()) + " present)");
+  }
+  cudaError_t e = cudaSetDevice(device);
+  return e == cudaSuccess ? Status::Ok() : cudaStatus("cudaSetDevice", e);
+}
+
+std::string busId(int device) {
+  if (device < 0 || device >= deviceCount()) return "";
+  char buf[32] = "";
+  if (cudaDeviceGetPCIBusId(buf, sizeof(buf), device) != cudaSuccess) return "";
+  return buf;
+}
+
+Status deviceMalloc(void** ptr, size_t bytes) {
+  cudaError_t e = cudaMalloc(ptr, bytes);
+  return e == cudaSuccess ? Status::Ok() : cudaStatus("cudaMalloc", e);
+}
+
+Status deviceFree(void* ptr) {
+  cudaError_t e = cudaFree(ptr);
+  return e == cudaSuccess ? Status::Ok() : cudaStatus("cudaFree", e);
+}
+
+bool isDevicePointer(const void* ptr) {
+  if (deviceCount() == 0 || !ptr) return false;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+#else  // !TUTTI_HAVE_CUDA
+
+int deviceCount() { return 0; }
+std::string unavailableReason() { return "tutti was built without CUDA"; }
+int currentDevice() { return -1; }
+Status setDevice(int device) {
+  return invalidArgument("CUDA device " + std::to_string(device) +
+                         " requested, but tutti was built without CUDA");
+}
+std::string busId(int) { return ""; }
+Status deviceMalloc(void**, size_t) {
+  return Status(Code::kCudaError, "tutti was built without CUDA");
+}
+Status deviceFree(void*) { return Status(Code::kCudaError, "tutti was built without CUDA"); }
+bool isDevicePointer(const void*) { return false; }
+
+#endif
+
+}  // namespace tutti::cuda

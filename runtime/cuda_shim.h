@@ -1,0 +1,28 @@
+// The few CUDA runtime calls the host runtime needs, behind functions that also exist in a
+// build without CUDA and on a machine without a driver (they then report no devices).
+// libtutti links the static CUDA runtime, which opens the driver lazily: nothing here makes
+// the library fail to load where libcuda.so is absent.
+#pragma once
+
+#include <string>
+
+#include "runtime/status.h"
+
+namespace tutti::cuda {
+
+// Number of usable devices; 0 without CUDA, without a driver or without a GPU.
+int deviceCount();
+// The calling thread's current device, or -1 when there are no devices.
+int currentDevice();
+Status setDevice(int device);
+// PCI bus id ("0000:3b:00.0") or "" for -1 / no CUDA.
+std::string busId(int device);
+// What the runtime says when it has no devices (for logs): "no CUDA driver", etc.
+std::string unavailableReason();
+
+Status deviceMalloc(void** ptr, size_t bytes);
+Status deviceFree(void* ptr);
+// True when ptr is device (or managed) memory known to the CUDA runtime.
+bool isDevicePointer(const void* ptr);
+
+}  // namespace tutti::cuda

@@ -1,0 +1,147 @@
+#include "runtime/lifecycle.h"
+
+#include <algorithm>
+
+#include "runtime/bootstrap_root.h"
+#include "runtime/env.h"
+#include "runtime/group.h"
+#include "runtime/log.h"
+
+namespace tutti {
+
+Result<wire::UniqueId> idForAddress(const std::string& hostPort, const std::string& jobKey) {
+  TUTTI_ASSIGN(addr, net::parseHostPort(hostPort));
+  wire::UniqueId id{};
+  id.magic = wire::kIdMagic;
+  id.flags = wire::kRootStartedByRank0;
+  id.root = wire::fromSockAddr(addr);
+  std::string key = env::getString("TUTTI_SECRET").value_or(hostPort + "|" + jobKey);
+  id.secret = fnv1a(key.data(), key.size()) | 1;  // never 0
+  return id;
+}
+
+Result<wire::UniqueId> newUniqueId() {
+  if (auto commId = env::getString("NCCL_COMM_ID")) {
+    return idForAddress(*commId, "NCCL_COMM_ID");
+  }
+  std::string spec = env::getString("NCCL_SOCKET_IFNAME").value_or("");
+  int family = AF_UNSPEC;
+  if (auto f = env::getString("NCCL_SOCKET_FAMILY")) {
+    if (*f == "AF_INET") family = AF_INET;
+    if (*f == "AF_INET6") family = AF_INET6;
+  }
+  auto ifaces = net::findInterfaces(spec, family);
+  if (ifaces.empty()) {
+    return systemError("ncclGetUniqueId: no network interface is up" +
+                       (spec.empty() ? std::string() : " that matches NCCL_SOCKET_IFNAME=" + spec));
+  }
+  TUTTI_INFO(log::kBootstrap, "bootstrap: using interface %s (%s)%s", ifaces[0].name.c_str(),
+             ifaces[0].addr.toString().c_str(),
+             spec.empty() ? "" : (" chosen by NCCL_SOCKET_IFNAME=" + spec).c_str());
+  net::SockAddr bind = ifaces[0].addr;
+  bind.setPort(0);
+  return startRootWithNewId(bind);
+}
+
+namespace {
+
+// Runs `work` as the config and the current group ask: now, or in the background.
+Result<Started> launch(Comm* comm, std::function<Status()> work) {
+  registry::add(comm);
+  bool inGroup = group::active();
+  if (!comm->config().blocking || inGroup) {
+    std::shared_future<Status> done = comm->startAsync(std::move(work));
+    if (inGroup) group::defer(done, comm->config().blocking);
+    return Started{comm, !comm->config().blocking};
+  }
+  Status s = work();
+  comm->finish(s);
+  if (!s.ok()) {
+    destroyComm(comm, true);
+    return s;
+  }
+  return Started{comm, false};
+}
+
+struct SplitPlan {
+  int rank = -1, nranks = 0;
+  wire::UniqueId id{};
+};
+
+// Every rank of the parent takes part, NOCOLOR ranks included.
+Result<SplitPlan> planSplit(Comm* parent, int color, int key) {
+  Bootstrap* b = parent->bootstrap();
+  int n = parent->nranks(), me = parent->rank();
+  struct Entry {
+    int32_t color, key;
+  };
+  std::vector<Entry> entries(static_cast<size_t>(n));
+  entries[static_cast<size_t>(me)] = {color, key};
+  TUTTI_TRY(b->allGather(entries.data(), sizeof(Entry)).withContext("split: colours"));
+
+  SplitPlan plan;
+  std::vector<int> members;
+  for (int r = 0; r < n; ++r) {
+    if (color >= 0 && entries[static_cast<size_t>(r)].color == color) members.push_back(r);
+  }
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b2) {
+    return entries[static_cast<size_t>(a)].key < entries[static_cast<size_t>(b2)].key;
+  });
+  std::vector<wire::UniqueId> ids(static_cast<size_t>(n), wire::UniqueId{});
+  if (!members.empty()) {
+    plan.nranks = static_cast<int>(members.size());
+    plan.rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+    if (plan.rank == 0) {
+      // The colour's first rank hosts its root, on the interface the parent already uses.
+      net::SockAddr bind = b->listenAddr();
+      bind.setPort(0);
+      TUTTI_ASSIGN(id, startRootWithNewId(bind));
+      ids[static_cast<size_t>(me)] = id;
+    }
+  }
+  TUTTI_TRY(b->allGather(ids.data(), sizeof(wire::UniqueId)).withContext("split: ids"));
+  if (!members.empty()) plan.id = ids[static_cast<size_t>(members[0])];
+  return plan;
+}
+
+}  // namespace
+
+Result<Started> initRank(int nranks, const wire::UniqueId& id, int rank, int cudaDev,
+                         CommConfig config) {
+  auto* comm = new Comm(rank, nranks, cudaDev, std::move(config));
+  return launch(comm, [comm, id, rank]() -> Status {
+    if (rank == 0 && (id.flags & wire::kRootStartedByRank0)) TUTTI_TRY(startRootForId(id));
+    return comm->init(id);
+  });
+}
+
+Result<Started> splitComm(Comm* parent, int color, int key, CommConfig config) {
+  if (color == -1) {  // NCCL_SPLIT_NOCOLOR: take part in the exchange, get no communicator
+    if (config.blocking && !group::active()) {
+      TUTTI_ASSIGN(plan, planSplit(parent, color, key));
+      (void)plan;
+      return Started{nullptr, false};
+    }
+    std::shared_future<Status> done =
+        std::async(std::launch::async, [parent, color, key]() -> Status {
+          return planSplit(parent, color, key).status();
+        }).share();
+    parent->adoptHelper(done);
+    if (group::active()) group::defer(done, config.blocking);
+    return Started{nullptr, false};
+  }
+  auto* comm = new Comm(-1, 0, parent->cudaDev(), std::move(config));
+  return launch(comm, [comm, parent, color, key]() -> Status {
+    TUTTI_ASSIGN(plan, planSplit(parent, color, key));
+    comm->setIdentity(plan.rank, plan.nranks);
+    return comm->init(plan.id);
+  });
+}
+
+void destroyComm(Comm* comm, bool abort) {
+  registry::remove(comm);
+  if (abort || comm->state() == Comm::State::kInitializing) comm->requestAbort();
+  delete comm;
+}
+
+}  // namespace tutti

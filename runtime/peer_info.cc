@@ -1,0 +1,57 @@
+#include "runtime/peer_info.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "runtime/cuda_shim.h"
+#include "runtime/env.h"
+
+namespace tutti {
+
+uint64_t fnv1a(const void* data, size_t size, uint64_t seed) {
+  uint64_t h = seed;
+  auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::string localHostname() {
+  char name[256] = "";
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+uint64_t localHostHash() {
+  std::string key;
+  if (auto id = env::getString("NCCL_HOSTID")) {
+    key = *id;
+  } else {
+    key = localHostname();
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::string bootId;
+    if (boot >> bootId) key += "/" + bootId;
+    struct stat st {};
+    if (stat("/proc/self/ns/net", &st) == 0) key += "/netns" + std::to_string(st.st_ino);
+  }
+  return fnv1a(key.data(), key.size());
+}
+
+PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr) {
+  PeerInfo p{};
+  p.rank = rank;
+  p.cudaDev = cudaDev;
+  p.pid = getpid();
+  p.hostHash = localHostHash();
+  snprintf(p.busId, sizeof(p.busId), "%s", cuda::busId(cudaDev).c_str());
+  snprintf(p.hostname, sizeof(p.hostname), "%s", localHostname().c_str());
+  p.bootstrapAddr = wire::fromSockAddr(bootstrapAddr);
+  return p;
+}
+
+}  // namespace tutti

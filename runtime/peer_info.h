@@ -1,0 +1,32 @@
+// What each rank tells every other at init: who it is and where it runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "runtime/wire.h"
+
+namespace tutti {
+
+struct PeerInfo {
+  int32_t rank;
+  int32_t cudaDev;  // -1: a CPU rank
+  int64_t pid;
+  uint64_t hostHash;  // equal for ranks that can share memory directly
+  char busId[24];     // PCI bus id of cudaDev, "" for CPU ranks
+  char hostname[64];
+  wire::Addr bootstrapAddr;
+};
+static_assert(std::is_trivially_copyable_v<PeerInfo>);
+
+// Hash of host name, boot id and network namespace, or of NCCL_HOSTID when set. Ranks in
+// different network namespaces count as different hosts: that is how tests stand in for a
+// cluster on one machine, and a namespace boundary usually is a container boundary too.
+uint64_t localHostHash();
+std::string localHostname();
+PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr);
+
+uint64_t fnv1a(const void* data, size_t size, uint64_t seed = 0xcbf29ce484222325ull);
+
+}  // namespace tutti

@@ -1,0 +1,300 @@
+// tutti-run: starts N local ranks of a program with the torchrun-style environment (RANK,
+// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...), prefixes each output line with its
+// rank, forwards signals, and when one rank fails stops the others and exits with that rank's
+// status. Multi-node jobs use torchrun, srun or mpirun; this is the one-machine launcher.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/random.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Stream {
+  int fd = -1;
+  std::string partial;
+  FILE* out = stdout;
+};
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+  Stream streams[2];
+};
+
+void usage(FILE* f) {
+  fprintf(f,
+          "usage: tutti-run -n N [--no-prefix] [--] program [args...]\n"
+          "Starts N ranks of program on this machine with RANK, WORLD_SIZE, LOCAL_RANK,\n"
+          "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TUTTI_PORT and TUTTI_SECRET set, as\n"
+          "tuttiCommInitFromEnv expects. Exits with the status of the first rank that fails.\n");
+}
+
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    perror("tutti-run: finding a free port");
+    exit(2);
+  }
+  int port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+std::string randomHex() {
+  unsigned char b[16];
+  if (getrandom(b, sizeof(b), 0) != sizeof(b)) {
+    perror("tutti-run: getrandom");
+    exit(2);
+  }
+  char hex[33];
+  for (int i = 0; i < 16; ++i) snprintf(hex + 2 * i, 3, "%02x", b[i]);
+  return hex;
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
+  }
+  return "ended with wait status " + std::to_string(status);
+}
+
+int exitCodeOf(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+void emit(Stream& s, bool prefix, int rank, bool flush) {
+  size_t start = 0;
+  while (true) {
+    size_t nl = s.partial.find('\n', start);
+    if (nl == std::string::npos) break;
+    if (prefix) fprintf(s.out, "[rank %d] ", rank);
+    fwrite(s.partial.data() + start, 1, nl - start + 1, s.out);
+    start = nl + 1;
+  }
+  s.partial.erase(0, start);
+  if (flush && !s.partial.empty()) {
+    if (prefix) fprintf(s.out, "[rank %d] ", rank);
+    fprintf(s.out, "%s\n", s.partial.c_str());
+    s.partial.clear();
+  }
+  fflush(s.out);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = 0;
+  bool prefix = true;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    } else if ((a == "-n" || a == "--nproc") && i + 1 < argc) {
+      n = atoi(argv[++i]);
+    } else if (a.rfind("-n", 0) == 0 && a.size() > 2) {
+      n = atoi(a.c_str() + 2);
+    } else if (a == "--no-prefix") {
+      prefix = false;
+    } else if (a == "-h" || a == "--help") {
+      usage(stdout);
+      return 0;
+    } else if (a[0] == '-') {
+      fprintf(stderr, "tutti-run: unknown option %s\n", a.c_str());
+      usage(stderr);
+      return 2;
+    } else {
+      break;
+    }
+  }
+  if (n < 1 || i >= argc) {
+    usage(stderr);
+    return 2;
+  }
+  char** program = argv + i;
+
+  // Signals arrive through a signalfd so that the loop below sees them in order with output.
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) sigaddset(&mask, sig);
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  int sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+
+  int masterPort = freePort();
+  int tuttiPort = freePort();
+  while (tuttiPort == masterPort) tuttiPort = freePort();
+  std::string secret = randomHex();
+
+  std::vector<Rank> ranks(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    Rank& rk = ranks[static_cast<size_t>(r)];
+    rk.rank = r;
+    int pipes[2][2];
+    if (pipe2(pipes[0], O_CLOEXEC) != 0 || pipe2(pipes[1], O_CLOEXEC) != 0) {
+      perror("tutti-run: pipe");
+      return 2;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+      perror("tutti-run: fork");
+      return 2;
+    }
+    if (pid == 0) {
+      setpgid(0, 0);
+      sigprocmask(SIG_UNBLOCK, &mask, nullptr);
+      dup2(pipes[0][1], STDOUT_FILENO);
+      dup2(pipes[1][1], STDERR_FILENO);
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      setenv("GROUP_RANK", "0", 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(masterPort).c_str(), 1);
+      setenv("TUTTI_PORT", std::to_string(tuttiPort).c_str(), 1);
+      setenv("TUTTI_SECRET", secret.c_str(), 1);
+      execvp(program[0], program);
+      fprintf(stderr, "tutti-run: cannot run %s: %s\n", program[0], strerror(errno));
+      _exit(127);
+    }
+    setpgid(pid, pid);  // also here, so a signal forwarded at once cannot miss the group
+    close(pipes[0][1]);
+    close(pipes[1][1]);
+    rk.pid = pid;
+    rk.running = true;
+    rk.streams[0] = {pipes[0][0], "", stdout};
+    rk.streams[1] = {pipes[1][0], "", stderr};
+  }
+
+  int running = n;
+  int failedRank = -1, failedStatus = 0, forwardedSignal = 0;
+  Clock::time_point killAt{};
+  bool killScheduled = false;
+  auto signalAll = [&](int sig) {
+    for (Rank& rk : ranks) {
+      if (rk.running) kill(-rk.pid, sig);
+    }
+  };
+
+  while (true) {
+    std::vector<pollfd> fds;
+    std::vector<Stream*> owners;
+    fds.push_back({sigfd, POLLIN, 0});
+    owners.push_back(nullptr);
+    for (Rank& rk : ranks) {
+      for (Stream& s : rk.streams) {
+        if (s.fd >= 0) {
+          fds.push_back({s.fd, POLLIN, 0});
+          owners.push_back(&s);
+        }
+      }
+    }
+    if (fds.size() == 1 && running == 0) break;
+    int timeout = killScheduled ? 100 : -1;
+    int rc = poll(fds.data(), fds.size(), timeout);
+    if (rc < 0 && errno != EINTR) {
+      perror("tutti-run: poll");
+      signalAll(SIGKILL);
+      return 2;
+    }
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Stream& s = *owners[k];
+      char buf[65536];
+      ssize_t got = read(s.fd, buf, sizeof(buf));
+      int rank = 0;
+      for (Rank& rk : ranks) {
+        if (&rk.streams[0] == &s || &rk.streams[1] == &s) rank = rk.rank;
+      }
+      if (got > 0) {
+        s.partial.append(buf, static_cast<size_t>(got));
+        emit(s, prefix, rank, false);
+      } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+        emit(s, prefix, rank, true);
+        close(s.fd);
+        s.fd = -1;
+      }
+    }
+    if (fds[0].revents & POLLIN) {
+      signalfd_siginfo info;
+      while (read(sigfd, &info, sizeof(info)) == sizeof(info)) {
+        int sig = static_cast<int>(info.ssi_signo);
+        if (sig == SIGCHLD) continue;
+        forwardedSignal = sig;
+        fprintf(stderr, "tutti-run: forwarding signal %d (%s) to all ranks\n", sig,
+                strsignal(sig));
+        signalAll(sig);
+        if (!killScheduled) {
+          killScheduled = true;
+          killAt = Clock::now() + std::chrono::seconds(10);
+        }
+      }
+    }
+    // Reap whatever has ended.
+    for (Rank& rk : ranks) {
+      if (!rk.running) continue;
+      int status = 0;
+      if (waitpid(rk.pid, &status, WNOHANG) != rk.pid) continue;
+      rk.running = false;
+      rk.status = status;
+      --running;
+      bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (failed && failedRank < 0 && forwardedSignal == 0) {
+        failedRank = rk.rank;
+        failedStatus = status;
+        fprintf(stderr, "tutti-run: rank %d (pid %d) %s; stopping the other %d rank(s)\n",
+                rk.rank, rk.pid, describe(status).c_str(), running);
+        signalAll(SIGTERM);
+        killScheduled = true;
+        killAt = Clock::now() + std::chrono::seconds(5);
+      }
+    }
+    if (killScheduled && running > 0 && Clock::now() >= killAt) {
+      fprintf(stderr, "tutti-run: %d rank(s) still running after SIGTERM; sending SIGKILL\n",
+              running);
+      signalAll(SIGKILL);
+      killAt = Clock::now() + std::chrono::hours(1);
+    }
+  }
+
+  if (failedRank >= 0) {
+    fprintf(stderr, "tutti-run: job failed: rank %d %s\n", failedRank,
+            describe(failedStatus).c_str());
+    return exitCodeOf(failedStatus);
+  }
+  if (forwardedSignal) {
+    for (Rank& rk : ranks) {
+      if (!(WIFEXITED(rk.status) && WEXITSTATUS(rk.status) == 0)) return exitCodeOf(rk.status);
+    }
+    return 128 + forwardedSignal;
+  }
+  return 0;
+}

@@ -1,0 +1,109 @@
+// The bootstrap ring itself: all-gather, barrier and point-to-point messages, IPv4 and IPv6.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <netinet/in.h>
+
+#include "harness/harness.h"
+#include "runtime/bootstrap.h"
+#include "runtime/bootstrap_root.h"
+#include "runtime/lifecycle.h"
+
+using namespace tutti;
+using tutti::test::onThreads;
+
+namespace {
+
+std::vector<std::unique_ptr<Bootstrap>> formRing(int n, const wire::UniqueId& id) {
+  std::vector<std::unique_ptr<Bootstrap>> b(static_cast<size_t>(n));
+  std::vector<std::string> err(static_cast<size_t>(n));
+  onThreads(n, [&](int r) {
+    if (r == 0 && (id.flags & wire::kRootStartedByRank0)) {
+      Status s = startRootForId(id);
+      if (!s.ok()) err[r] = s.message();
+    }
+    auto res = Bootstrap::create(id, r, n, nullptr, 20);
+    if (res.ok()) {
+      b[r] = res.take();
+    } else {
+      err[r] = res.status().message();
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(b[r]) << "rank " << r << ": " << err[r];
+  return b;
+}
+
+void checkAllGather(std::vector<std::unique_ptr<Bootstrap>>& b) {
+  int n = static_cast<int>(b.size());
+  // Slices of 1 MiB: larger than socket buffers, so both directions must progress together.
+  const size_t slice = 1 << 20;
+  std::vector<std::vector<uint32_t>> data(n, std::vector<uint32_t>(n * slice / 4, 0));
+  onThreads(n, [&](int r) {
+    for (size_t i = 0; i < slice / 4; ++i) data[r][r * slice / 4 + i] = r * 1000003u + i;
+    ASSERT_TRUE(b[r]->allGather(data[r].data(), slice).ok());
+  });
+  for (int r = 0; r < n; ++r) {
+    for (int s = 0; s < n; ++s) {
+      ASSERT_EQ(data[r][s * slice / 4 + 17], s * 1000003u + 17) << "rank " << r << " slice " << s;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(Bootstrap, AllGatherBarrierAndMessages) {
+  auto id = newUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status().message();
+  auto b = formRing(5, id.value());
+  checkAllGather(b);
+  onThreads(5, [&](int r) { EXPECT_TRUE(b[r]->barrier().ok()); });
+
+  // Every rank sends two tagged messages to every other; receivers ask in reverse order.
+  onThreads(5, [&](int r) {
+    for (int p = 0; p < 5; ++p) {
+      if (p == r) continue;
+      for (uint32_t tag : {1u, 2u}) {
+        int v = r * 100 + p * 10 + static_cast<int>(tag);
+        ASSERT_TRUE(b[r]->send(p, tag, &v, sizeof(v)).ok());
+      }
+    }
+    for (int p = 4; p >= 0; --p) {
+      if (p == r) continue;
+      for (uint32_t tag : {2u, 1u}) {
+        int v = -1;
+        Status s = b[r]->recv(p, tag, &v, sizeof(v));
+        ASSERT_TRUE(s.ok()) << s.message();
+        EXPECT_EQ(v, p * 100 + r * 10 + static_cast<int>(tag));
+      }
+    }
+  });
+}
+
+TEST(Bootstrap, Ipv6Rendezvous) {
+  auto probe = net::Socket::listen(net::parseHostPort("[::1]:1").value());
+  if (!probe.ok()) GTEST_SKIP() << "no IPv6 loopback here";
+  // A fixed address, as NCCL_COMM_ID gives it: rank 0 hosts the root there.
+  net::SockAddr a = net::parseHostPort("[::1]:1").value();
+  a.setPort(0);
+  auto l = net::Socket::listen(a);
+  ASSERT_TRUE(l.ok());
+  int port = l.value().localAddr().value().port();
+  l.value().close();
+  auto id = idForAddress("[::1]:" + std::to_string(port), "test");
+  ASSERT_TRUE(id.ok());
+  auto b = formRing(3, id.value());
+  for (auto& x : b) ASSERT_EQ(x->listenAddr().family(), AF_INET6);
+  checkAllGather(b);
+}
+
+TEST(Bootstrap, MessageSizeMismatchIsAnError) {
+  auto id = newUniqueId();
+  ASSERT_TRUE(id.ok());
+  auto b = formRing(2, id.value());
+  int v = 5;
+  ASSERT_TRUE(b[0]->send(1, 9, &v, sizeof(v)).ok());
+  double d = 0;
+  Status s = b[1]->recv(0, 9, &d, sizeof(d));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("expected 8"), std::string::npos) << s.message();
+}

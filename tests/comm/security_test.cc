@@ -1,0 +1,99 @@
+// Connections without the job's secret are dropped while the real ranks form their communicator.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "harness/harness.h"
+#include "nccl.h"
+#include "runtime/socket.h"
+#include "runtime/wire.h"
+
+using namespace tutti;
+using namespace tutti::test;
+
+namespace {
+
+net::SockAddr rootOf(const ncclUniqueId& raw) {
+  wire::UniqueId id;
+  memcpy(&id, raw.internal, sizeof(id));
+  return wire::toSockAddr(id.root);
+}
+
+net::Socket connectTo(const net::SockAddr& a) {
+  auto s = net::Socket::connect(a, net::deadlineAfter(5), nullptr);
+  EXPECT_TRUE(s.ok()) << s.status().message();
+  return s.ok() ? s.take() : net::Socket();
+}
+
+}  // namespace
+
+TEST(Security, IntrudersAreDroppedAndTheCommunicatorForms) {
+  ncclUniqueId raw = makeId();
+  wire::UniqueId id;
+  memcpy(&id, raw.internal, sizeof(id));
+  net::SockAddr root = rootOf(raw);
+
+  // 1. Garbage bytes.
+  net::Socket garbage = connectTo(root);
+  std::string junk(200, '\x7f');
+  ASSERT_TRUE(garbage.sendAll(junk.data(), junk.size(), net::deadlineAfter(5), nullptr).ok());
+  // 2. A port scanner: connects and says nothing (must not hold up the others).
+  net::Socket silent = connectTo(root);
+  // 3. A well-formed check-in carrying another job's secret, claiming rank 0.
+  net::Socket stale = connectTo(root);
+  wire::Hello h{};
+  h.magic = wire::kHelloMagic;
+  h.secret = id.secret ^ 0x1234;
+  h.kind = static_cast<uint32_t>(wire::HelloKind::kCheckIn);
+  h.rank = 0;
+  h.nranks = 3;
+  ASSERT_TRUE(stale.sendAll(&h, sizeof(h), net::deadlineAfter(5), nullptr).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+
+  // The intruders were dropped: their sockets see the close.
+  char byte;
+  EXPECT_EQ(garbage.recvAll(&byte, 1, net::deadlineAfter(5), nullptr).code(), Code::kRemoteError);
+  EXPECT_EQ(stale.recvAll(&byte, 1, net::deadlineAfter(5), nullptr).code(), Code::kRemoteError);
+
+  // The real ranks still form their communicator, while the silent connection stays open.
+  std::vector<ncclComm_t> comms(3, nullptr);
+  std::vector<ncclResult_t> rc(3);
+  onThreads(3, [&](int r) { rc[r] = ncclCommInitRank(&comms[r], 3, raw, r); });
+  for (int r = 0; r < 3; ++r) ASSERT_EQ(rc[r], ncclSuccess) << r;
+  for (int r = 0; r < 3; ++r) {
+    int rank = -1;
+    EXPECT_EQ(ncclCommUserRank(comms[r], &rank), ncclSuccess);
+    EXPECT_EQ(rank, r);
+  }
+  destroyAll(comms);
+}
+
+TEST(Security, WrongRankCountIsRefusedWithAMessage) {
+  ncclUniqueId raw = makeId();
+  wire::UniqueId id;
+  memcpy(&id, raw.internal, sizeof(id));
+  // One real rank of a 2-rank job checks in first ...
+  ncclComm_t c0 = nullptr;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ASSERT_EQ(ncclCommInitRankConfig(&c0, 2, raw, 0, &cfg), ncclInProgress);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // ... then a process that believes the job has 5 ranks: refused, told why.
+  ncclComm_t bad = nullptr;
+  ncclResult_t rc = ncclCommInitRank(&bad, 5, raw, 1);
+  EXPECT_EQ(rc, ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("nranks=5"), std::string::npos)
+      << ncclGetLastError(nullptr);
+  // The right rank 1 still completes the job.
+  ncclComm_t c1 = nullptr;
+  ASSERT_EQ(ncclCommInitRank(&c1, 2, raw, 1), ncclSuccess) << ncclGetLastError(nullptr);
+  ncclResult_t state = ncclInProgress;
+  for (int i = 0; i < 500 && state == ncclInProgress; ++i) {
+    ASSERT_EQ(ncclCommGetAsyncError(c0, &state), ncclSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(state, ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(c0), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(c1), ncclSuccess);
+}

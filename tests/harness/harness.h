@@ -1,0 +1,44 @@
+// Test harness: ranks as threads in this process, ranks as processes, environment scoping.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "nccl.h"
+
+namespace tutti::test {
+
+// Sets (or with nullptr unsets) an environment variable for the scope of the object.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  bool had_;
+  std::string old_;
+};
+
+ncclUniqueId makeId();
+// Runs fn(rank) on n threads at once and waits for all of them.
+void onThreads(int n, const std::function<void(int)>& fn);
+// n communicators formed by n threads calling ncclCommInitRank; fails the test on error.
+std::vector<ncclComm_t> initThreads(int n);
+void destroyAll(std::vector<ncclComm_t>& comms);
+
+struct RunResult {
+  int exitCode;  // -1 when killed by a signal
+  std::string output;  // stdout and stderr together
+  double seconds;
+};
+// Runs a shell command line and collects its output.
+RunResult runShell(const std::string& command);
+
+double secondsSince(double start);
+double now();
+
+}  // namespace tutti::test

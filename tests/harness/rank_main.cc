@@ -1,0 +1,75 @@
+// One rank as a process, for the multi-process tests. Modes:
+//   init         tuttiCommInitFromEnv, check rank/size and exchange pids over the bootstrap
+//   getid        ncclGetUniqueId + ncclCommInitRank (with NCCL_COMM_ID every rank makes the id)
+//   split        init, then split into even/odd ranks and check the new ranks
+// Prints "ok" and exits 0 on success, else prints the error and exits 1.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/comm.h"
+#include "tutti.h"
+
+namespace {
+
+int failWith(const char* what, ncclComm_t comm) {
+  fprintf(stderr, "%s failed: %s\n", what, ncclGetLastError(comm));
+  return 1;
+}
+
+int checkComm(ncclComm_t comm, int wantRank, int wantSize) {
+  int rank = -1, size = 0;
+  if (ncclCommUserRank(comm, &rank) || ncclCommCount(comm, &size)) return failWith("query", comm);
+  if (rank != wantRank || size != wantSize) {
+    fprintf(stderr, "rank %d/%d, expected %d/%d\n", rank, size, wantRank, wantSize);
+    return 1;
+  }
+  // Every rank learned every other's pid during init: they must be distinct processes.
+  auto* c = reinterpret_cast<tutti::Comm*>(comm);
+  for (int r = 0; r < size; ++r) {
+    if (c->peers()[r].rank != r) return failWith("peer table", comm);
+    for (int q = 0; q < r; ++q) {
+      if (c->peers()[q].pid == c->peers()[r].pid) {
+        fprintf(stderr, "ranks %d and %d report the same pid\n", q, r);
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "init";
+  int rank = atoi(getenv("RANK") ? getenv("RANK") : "0");
+  int size = atoi(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "1");
+  ncclComm_t comm = nullptr;
+  if (mode == "getid") {
+    ncclUniqueId id;
+    if (ncclGetUniqueId(&id) != ncclSuccess) return failWith("ncclGetUniqueId", nullptr);
+    if (ncclCommInitRank(&comm, size, id, rank) != ncclSuccess) {
+      return failWith("ncclCommInitRank", nullptr);
+    }
+  } else if (tuttiCommInitFromEnv(&comm) != ncclSuccess) {
+    return failWith("tuttiCommInitFromEnv", nullptr);
+  }
+  if (int rc = checkComm(comm, rank, size)) return rc;
+  if (mode == "split") {
+    ncclComm_t sub = nullptr;
+    if (ncclCommSplit(comm, rank % 2, rank, &sub, nullptr) != ncclSuccess) {
+      return failWith("ncclCommSplit", comm);
+    }
+    int subSize = (size + 1 - rank % 2) / 2;
+    if (int rc = checkComm(sub, rank / 2, subSize)) return rc;
+    ncclCommDestroy(sub);
+  }
+  if (ncclCommFinalize(comm) != ncclSuccess) return failWith("ncclCommFinalize", comm);
+  if (ncclCommDestroy(comm) != ncclSuccess) return failWith("ncclCommDestroy", nullptr);
+  printf("ok\n");
+  return 0;
+}

@@ -1,0 +1,71 @@
+// Ranks as separate processes, started by tutti-run or by hand.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "harness/harness.h"
+
+using namespace tutti::test;
+
+namespace {
+std::string rankBin() { return TUTTI_TEST_RANK_BIN; }
+std::string runBin() { return TUTTI_RUN_BIN; }
+int countOk(const std::string& out) {
+  int n = 0;
+  for (size_t p = out.find("] ok\n"); p != std::string::npos; p = out.find("] ok\n", p + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+class Processes : public ::testing::TestWithParam<int> {};
+
+TEST_P(Processes, FormFromLauncherEnvironment) {
+  int n = GetParam();
+  RunResult r = runShell(runBin() + " -n " + std::to_string(n) + " " + rankBin() + " init");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_EQ(countOk(r.output), n) << r.output;
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, Processes, ::testing::Values(1, 2, 3, 5, 8));
+
+TEST(Processes, SplitAcrossProcesses) {
+  RunResult r = runShell(runBin() + " -n 5 " + rankBin() + " split");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_EQ(countOk(r.output), 5) << r.output;
+}
+
+TEST(Processes, NcclCommIdLetsEveryRankMakeTheId) {
+  // As with NCCL: with NCCL_COMM_ID set, every process calls ncclGetUniqueId itself.
+  RunResult port = runShell("python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); print(s.getsockname()[1])'");
+  ASSERT_EQ(port.exitCode, 0);
+  std::string p = port.output.substr(0, port.output.find('\n'));
+  RunResult r = runShell("NCCL_COMM_ID=127.0.0.1:" + p + " " + runBin() + " -n 4 " + rankBin() +
+                         " getid");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_EQ(countOk(r.output), 4) << r.output;
+}
+
+TEST(Processes, MissingProcessIsNamed) {
+  // Three ranks expected, two started: both report rank 2 missing within the deadline.
+  RunResult r = runShell(
+      "export TUTTI_BOOTSTRAP_TIMEOUT=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=0 "
+      "TUTTI_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); "
+      "print(s.getsockname()[1])'); "
+      "RANK=0 " + rankBin() + " init & RANK=1 " + rankBin() + " init; a=$?; wait $!; b=$?; "
+      "echo codes $a $b");
+  EXPECT_NE(r.output.find("codes 1 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank(s) 2 of 3 did not check in"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 20);
+}
+
+TEST(Processes, HelloDemoRuns) {
+  RunResult r = runShell("NCCL_DEBUG=INFO " + runBin() + " -n 4 " + TUTTI_HELLO_BIN);
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_NE(r.output.find("[rank " + std::to_string(k) + "] rank " + std::to_string(k) +
+                            " of 4 joined"),
+              std::string::npos)
+        << r.output;
+  }
+  EXPECT_NE(r.output.find("NCCL INFO NCCL version 2.27.7"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Init COMPLETE"), std::string::npos) << r.output;
+}

@@ -1,0 +1,77 @@
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "runtime/launch_env.h"
+
+using tutti::LaunchSpec;
+using tutti::resolveLaunchEnv;
+
+namespace {
+tutti::Result<LaunchSpec> resolve(const std::map<std::string, std::string>& vars) {
+  return resolveLaunchEnv([&](const char* n) -> std::optional<std::string> {
+    auto it = vars.find(n);
+    return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
+  });
+}
+}  // namespace
+
+TEST(LaunchEnv, Torchrun) {
+  auto s = resolve({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
+                    {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"}});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s.value().rank, 3);
+  EXPECT_EQ(s.value().nranks, 8);
+  EXPECT_EQ(s.value().localRank, 1);
+  EXPECT_EQ(s.value().rendezvous, "10.1.2.3:29501");  // MASTER_PORT is torchrun's own store
+  EXPECT_EQ(s.value().source, "torchrun");
+}
+
+TEST(LaunchEnv, TuttiPortAndIpv6) {
+  auto s = resolve({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "fd00::1"},
+                    {"MASTER_PORT", "1000"}, {"TUTTI_PORT", "2000"}});
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s.value().rendezvous, "[fd00::1]:2000");
+}
+
+TEST(LaunchEnv, OpenMpiNeedsARendezvous) {
+  std::map<std::string, std::string> v = {{"OMPI_COMM_WORLD_RANK", "1"},
+                                          {"OMPI_COMM_WORLD_SIZE", "4"},
+                                          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}};
+  auto s = resolve(v);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("NCCL_COMM_ID"), std::string::npos);
+  v["NCCL_COMM_ID"] = "node7:5000";
+  s = resolve(v);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s.value().source, "Open MPI");
+  EXPECT_EQ(s.value().rank, 1);
+  EXPECT_EQ(s.value().rendezvous, "node7:5000");
+}
+
+TEST(LaunchEnv, SlurmUsesFirstNodeAndJobPort) {
+  auto s = resolve({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"},
+                    {"SLURM_STEP_NODELIST", "gpu[07-09,12],cpu1"}, {"SLURM_JOB_ID", "123456"}});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s.value().rank, 5);
+  EXPECT_EQ(s.value().rendezvous, "gpu07:" + std::to_string(29600 + 456));
+  EXPECT_NE(s.value().jobKey.find("123456"), std::string::npos);
+}
+
+TEST(LaunchEnv, SlurmNodeLists) {
+  EXPECT_EQ(tutti::firstSlurmHost("node1"), "node1");
+  EXPECT_EQ(tutti::firstSlurmHost("node[3-5]"), "node3");
+  EXPECT_EQ(tutti::firstSlurmHost("a[010,2],b[1-2]"), "a010");
+  EXPECT_EQ(tutti::firstSlurmHost("x1,x2"), "x1");
+}
+
+TEST(LaunchEnv, MissingOrBadEnvironment) {
+  auto s = resolve({});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), tutti::Code::kInvalidUsage);
+  s = resolve({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), tutti::Code::kInvalidArgument);
+  s = resolve({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}});
+  ASSERT_FALSE(s.ok());
+}
