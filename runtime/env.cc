@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <set>
 
@@ -17,7 +18,8 @@ void logOnce(const char* name, const char* value) {
   static std::set<std::string>* seen = new std::set<std::string>();
   std::lock_guard<std::mutex> lock(mu);
   if (seen->insert(std::string(name) + "=" + value).second) {
-    TUTTI_INFO(log::kEnv, "%s set by environment to %s", name, value);
+    bool secret = strstr(name, "SECRET") != nullptr;  // never write a secret to a log
+    TUTTI_INFO(log::kEnv, "%s set by environment to %s", name, secret ? "<hidden>" : value);
   }
 }
 
