@@ -61,6 +61,8 @@ Result<Acceptor::Accepted> Acceptor::next(net::Deadline deadline,
       while (true) {
         TUTTI_ASSIGN(s, listener_->tryAccept());
         if (!s.valid()) break;
+        // A flood of idle connections must not exhaust file descriptors: drop the oldest.
+        if (pending_.size() >= kMaxPending) drop(0, "too many pending connections");
         pending_.push_back({std::move(s), {}, 0, net::deadlineAfter(kHandshakeSeconds)});
       }
     }

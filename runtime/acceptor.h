@@ -26,6 +26,7 @@ class Acceptor {
 
   // Connections that have not finished their handshake by then are dropped.
   static constexpr double kHandshakeSeconds = 10.0;
+  static constexpr size_t kMaxPending = 256;
 
  private:
   struct Pending {

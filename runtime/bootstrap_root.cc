@@ -24,6 +24,8 @@ std::string rankList(const std::vector<int>& ranks) {
 
 class Root {
  public:
+  static constexpr int kMaxRanks = 1 << 20;
+
   Root(net::Socket listener, uint64_t secret, double timeoutS)
       : listener_(std::move(listener)),
         secret_(secret),
@@ -46,6 +48,13 @@ class Root {
       if (h.kind != static_cast<uint32_t>(wire::HelloKind::kCheckIn)) {
         TUTTI_WARN("bootstrap root %s: dropped a connection of kind %u (expected a check-in)",
                    where.c_str(), h.kind);
+        continue;
+      }
+      if (first && (h.nranks < 1 || h.nranks > kMaxRanks)) {
+        std::string problem = "nranks=" + std::to_string(h.nranks) + " is outside 1.." +
+                              std::to_string(kMaxRanks);
+        TUTTI_WARN("bootstrap root %s: %s", where.c_str(), problem.c_str());
+        reply(acc.socket, Code::kInvalidArgument, problem, wire::Addr{});
         continue;
       }
       if (first) {

@@ -20,7 +20,8 @@ int main(void) {
   ncclComm_t comm = NULL;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.commName = "c-smoke";
-  CHECK(ncclGetVersion(&version) == ncclSuccess && version == NCCL_VERSION_CODE);
+  /* tutti reports API level 2.27.7 whichever header the program was built with */
+  CHECK(ncclGetVersion(&version) == ncclSuccess && version == 22707);
   CHECK(ncclGetUniqueId(&id) == ncclSuccess);
   CHECK(ncclCommInitRankConfig(&comm, 1, id, 0, &config) == ncclSuccess);
   CHECK(ncclCommCount(comm, &count) == ncclSuccess && count == 1);
