@@ -14,8 +14,7 @@ void Acceptor::drop(size_t index, const char* why) {
   pending_.erase(pending_.begin() + static_cast<long>(index));
 }
 
-Result<Acceptor::Accepted> Acceptor::next(net::Deadline deadline,
-                                          const std::atomic<bool>* abort) {
+Result<Acceptor::Accepted> Acceptor::next(net::Deadline deadline, const std::atomic<bool>* abort) {
   while (true) {
     if (abort && abort->load(std::memory_order_relaxed)) return net::abortedStatus();
     auto now = net::Clock::now();

@@ -27,8 +27,8 @@ wire::Hello Bootstrap::hello(wire::HelloKind kind) const {
   return h;
 }
 
-Result<std::unique_ptr<Bootstrap>> Bootstrap::create(const wire::UniqueId& id, int rank,
-                                                     int nranks, const std::atomic<bool>* abort,
+Result<std::unique_ptr<Bootstrap>> Bootstrap::create(const wire::UniqueId& id, int rank, int nranks,
+                                                     const std::atomic<bool>* abort,
                                                      double timeoutS) {
   if (id.magic != wire::kIdMagic) {
     return invalidArgument(
@@ -48,10 +48,10 @@ Status Bootstrap::checkInAndFormRing(const wire::UniqueId& id) {
   listener_ = std::move(listener);
   TUTTI_ASSIGN(bound, listener_.localAddr());
   listenAddr_ = bound;
-  acceptor_ = std::make_unique<Acceptor>(&listener_, secret_,
-                                         "bootstrap rank " + std::to_string(rank_));
-  TUTTI_INFO(log::kBootstrap, "rank %d/%d: bootstrap listening on %s, root at %s", rank_,
-             nranks_, listenAddr_.toString().c_str(), root.toString().c_str());
+  acceptor_ =
+      std::make_unique<Acceptor>(&listener_, secret_, "bootstrap rank " + std::to_string(rank_));
+  TUTTI_INFO(log::kBootstrap, "rank %d/%d: bootstrap listening on %s, root at %s", rank_, nranks_,
+             listenAddr_.toString().c_str(), root.toString().c_str());
 
   // The root answers once every rank has checked in, so this wait covers the whole job's
   // arrival; give the root a moment past its own deadline so its answer (which names the
@@ -59,9 +59,9 @@ Status Bootstrap::checkInAndFormRing(const wire::UniqueId& id) {
   net::Deadline deadline = net::deadlineAfter(timeoutS_ + 5.0);
   Result<net::Socket> conn = net::Socket::connect(root, deadline, abort_);
   if (!conn.ok()) {
-    return Status(conn.status().code(),
-                  "rank " + std::to_string(rank_) + " could not reach the bootstrap root at " +
-                      root.toString() + ": " + conn.status().message());
+    return Status(conn.status().code(), "rank " + std::to_string(rank_) +
+                                            " could not reach the bootstrap root at " +
+                                            root.toString() + ": " + conn.status().message());
   }
   net::Socket rootSock = conn.take();
   wire::Hello h = hello(wire::HelloKind::kCheckIn);
@@ -137,14 +137,19 @@ Result<net::Socket> Bootstrap::acceptFrom(wire::HelloKind kind, int fromRank,
       TUTTI_TRY(queueMessage(a.socket, a.hello, deadline));
       continue;
     }
-    TUTTI_WARN("rank %d: dropped an unexpected bootstrap connection (kind %u from rank %d)",
-               rank_, a.hello.kind, a.hello.rank);
+    TUTTI_WARN("rank %d: dropped an unexpected bootstrap connection (kind %u from rank %d)", rank_,
+               a.hello.kind, a.hello.rank);
   }
 }
 
 Status Bootstrap::allGather(void* data, size_t bytesPerRank) {
   if (nranks_ == 1) return Status::Ok();
   std::lock_guard<std::mutex> lock(ringMu_);
+  if (!broken_.empty()) {
+    return internalError("rank " + std::to_string(rank_) +
+                         ": the bootstrap ring is unusable after an earlier failure (" + broken_ +
+                         ")");
+  }
   auto* bytes = static_cast<char*>(data);
   net::Deadline deadline = net::deadlineAfter(timeoutS_);
   // Step s forwards the slice that originated s ranks back and receives the one before it.
@@ -154,12 +159,11 @@ Status Bootstrap::allGather(void* data, size_t bytesPerRank) {
     Status st = net::sendRecv(next_, bytes + sendSlice * bytesPerRank, bytesPerRank, prev_,
                               bytes + recvSlice * bytesPerRank, bytesPerRank, deadline, abort_);
     if (!st.ok()) {
-      return Status(st.code(), "rank " + std::to_string(rank_) +
-                                   ": bootstrap all-gather step " + std::to_string(s) +
-                                   " with ring neighbours rank " +
-                                   std::to_string((rank_ + nranks_ - 1) % nranks_) +
-                                   " and rank " + std::to_string((rank_ + 1) % nranks_) + ": " +
-                                   st.message());
+      broken_ = st.message();
+      return Status(st.code(), "rank " + std::to_string(rank_) + ": bootstrap all-gather step " +
+                                   std::to_string(s) + " with ring neighbours rank " +
+                                   std::to_string((rank_ + nranks_ - 1) % nranks_) + " and rank " +
+                                   std::to_string((rank_ + 1) % nranks_) + ": " + st.message());
     }
   }
   return Status::Ok();
@@ -206,8 +210,8 @@ Status Bootstrap::recv(int peer, uint32_t tag, void* data, size_t size) {
     if (!a.ok()) {
       return Status(a.status().code(), "rank " + std::to_string(rank_) +
                                            ": no bootstrap message from rank " +
-                                           std::to_string(peer) + " (tag " +
-                                           std::to_string(tag) + "): " + a.status().message());
+                                           std::to_string(peer) + " (tag " + std::to_string(tag) +
+                                           "): " + a.status().message());
     }
     if (a.value().hello.kind != static_cast<uint32_t>(wire::HelloKind::kP2p)) {
       TUTTI_WARN("rank %d: dropped an unexpected bootstrap connection (kind %u from rank %d)",

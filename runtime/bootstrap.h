@@ -18,9 +18,8 @@ class Bootstrap {
  public:
   // Blocks until the ring is formed, the deadline passes (an error naming the ranks that did
   // not arrive) or *abort becomes true.
-  static Result<std::unique_ptr<Bootstrap>> create(const wire::UniqueId& id, int rank,
-                                                   int nranks, const std::atomic<bool>* abort,
-                                                   double timeoutS);
+  static Result<std::unique_ptr<Bootstrap>> create(const wire::UniqueId& id, int rank, int nranks,
+                                                   const std::atomic<bool>* abort, double timeoutS);
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
@@ -36,8 +35,7 @@ class Bootstrap {
   Status recv(int peer, uint32_t tag, void* data, size_t size);
 
  private:
-  Bootstrap(int rank, int nranks, uint64_t secret, const std::atomic<bool>* abort,
-            double timeoutS);
+  Bootstrap(int rank, int nranks, uint64_t secret, const std::atomic<bool>* abort, double timeoutS);
   Status checkInAndFormRing(const wire::UniqueId& id);
   // Accepts until a connection of `kind` from `fromRank` arrives; queues P2P messages.
   Result<net::Socket> acceptFrom(wire::HelloKind kind, int fromRank, net::Deadline deadline);
@@ -62,6 +60,8 @@ class Bootstrap {
   std::mutex recvMu_;  // one receiver drives the acceptor at a time
   std::list<Message> unexpected_;
   std::mutex ringMu_;
+  // After a failed all-gather the ring's byte streams are out of step: refuse further use.
+  std::string broken_;  // guarded by ringMu_
 };
 
 }  // namespace tutti

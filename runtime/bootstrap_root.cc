@@ -3,6 +3,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -25,21 +26,29 @@ std::string rankList(const std::vector<int>& ranks) {
 class Root {
  public:
   static constexpr int kMaxRanks = 1 << 20;
+  static constexpr double kIdleSeconds = 3600;
 
-  Root(net::Socket listener, uint64_t secret, double timeoutS)
+  Root(net::Socket listener, uint64_t secret, double timeoutS, const std::atomic<bool>* stop)
       : listener_(std::move(listener)),
         secret_(secret),
         timeoutS_(timeoutS),
+        stop_(stop),
         acceptor_(&listener_, secret, "bootstrap root") {}
 
   void run() {
-    std::string where = listener_.localAddr().ok() ? listener_.localAddr().value().toString()
-                                                   : std::string("?");
-    net::Deadline deadline = net::deadlineAfter(timeoutS_);
+    std::string where =
+        listener_.localAddr().ok() ? listener_.localAddr().value().toString() : std::string("?");
+    // Until the first check-in the root only idles (an id may be made long before it is used);
+    // the job's deadline starts with that first check-in.
+    net::Deadline deadline = net::deadlineAfter(std::max(timeoutS_, kIdleSeconds));
     bool first = true;
     while (nranks_ < 0 || arrived_ < nranks_) {
-      Result<Acceptor::Accepted> a = acceptor_.next(deadline, nullptr);
+      Result<Acceptor::Accepted> a = acceptor_.next(deadline, stop_);
       if (!a.ok()) {
+        if (stop_ && stop_->load()) {
+          TUTTI_INFO(log::kBootstrap, "bootstrap root %s: stopped", where.c_str());
+          return;
+        }
         fail(where);
         return;
       }
@@ -51,8 +60,8 @@ class Root {
         continue;
       }
       if (first && (h.nranks < 1 || h.nranks > kMaxRanks)) {
-        std::string problem = "nranks=" + std::to_string(h.nranks) + " is outside 1.." +
-                              std::to_string(kMaxRanks);
+        std::string problem =
+            "nranks=" + std::to_string(h.nranks) + " is outside 1.." + std::to_string(kMaxRanks);
         TUTTI_WARN("bootstrap root %s: %s", where.c_str(), problem.c_str());
         reply(acc.socket, Code::kInvalidArgument, problem, wire::Addr{});
         continue;
@@ -69,8 +78,8 @@ class Root {
         problem = "rank " + std::to_string(h.rank) + " says nranks=" + std::to_string(h.nranks) +
                   " but the first rank to check in said nranks=" + std::to_string(nranks_);
       } else if (h.rank < 0 || h.rank >= nranks_) {
-        problem = "rank " + std::to_string(h.rank) + " is out of range for nranks=" +
-                  std::to_string(nranks_);
+        problem = "rank " + std::to_string(h.rank) +
+                  " is out of range for nranks=" + std::to_string(nranks_);
       } else if (slots_[static_cast<size_t>(h.rank)]) {
         problem = "rank " + std::to_string(h.rank) +
                   " checked in twice (two processes were given the same rank?)";
@@ -80,8 +89,8 @@ class Root {
         reply(acc.socket, Code::kInvalidUsage, problem, wire::Addr{});
         continue;
       }
-      TUTTI_TRACE(log::kBootstrap, "bootstrap root %s: rank %d checked in from %s",
-                  where.c_str(), h.rank, acc.socket.peerAddr().toString().c_str());
+      TUTTI_TRACE(log::kBootstrap, "bootstrap root %s: rank %d checked in from %s", where.c_str(),
+                  h.rank, acc.socket.peerAddr().toString().c_str());
       slots_[static_cast<size_t>(h.rank)] = Slot{std::move(acc.socket), h.addr, h.size};
       ++arrived_;
     }
@@ -119,13 +128,12 @@ class Root {
     }
     if (nranks_ < 0) {
       TUTTI_WARN("bootstrap root %s: no rank checked in within %.0f s; closing", where.c_str(),
-                 timeoutS_);
+                 std::max(timeoutS_, kIdleSeconds));
       return;
     }
     std::string msg = "rank(s) " + rankList(missing) + " of " + std::to_string(nranks_) +
                       " did not check in with the bootstrap root at " + where + " within " +
-                      std::to_string(static_cast<int>(timeoutS_)) +
-                      " s (TUTTI_BOOTSTRAP_TIMEOUT)";
+                      std::to_string(static_cast<int>(timeoutS_)) + " s (TUTTI_BOOTSTRAP_TIMEOUT)";
     TUTTI_WARN("bootstrap root: %s", msg.c_str());
     // Ranks of this process last: once one of them has its answer it may return and the
     // process exit, taking this thread with it before the other ranks heard why.
@@ -141,21 +149,32 @@ class Root {
   net::Socket listener_;
   uint64_t secret_;
   double timeoutS_;
+  const std::atomic<bool>* stop_;
   Acceptor acceptor_;
   int nranks_ = -1;
   int arrived_ = 0;
   std::vector<std::optional<Slot>> slots_;
 };
 
-void launch(net::Socket listener, uint64_t secret) {
+void launch(net::Socket listener, uint64_t secret, std::shared_ptr<RootControl> control) {
   double timeout = env::bootstrapTimeoutSeconds();
-  std::thread([l = std::move(listener), secret, timeout]() mutable {
-    Root root(std::move(l), secret, timeout);
-    root.run();
+  std::thread([l = std::move(listener), secret, timeout, control]() mutable {
+    {
+      Root root(std::move(l), secret, timeout, control ? &control->stop : nullptr);
+      root.run();
+    }  // the listener is closed here
+    if (control) control->done.store(true);
   }).detach();
 }
 
 }  // namespace
+
+void RootControl::stopAndWait() {
+  stop.store(true);
+  for (int i = 0; i < 100 && !done.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
 
 uint64_t randomSecret() {
   uint64_t s = 0;
@@ -180,11 +199,11 @@ Result<wire::UniqueId> startRootWithNewId(const net::SockAddr& bindAddr) {
   id.secret = randomSecret();
   id.root = wire::fromSockAddr(local);
   TUTTI_INFO(log::kBootstrap, "bootstrap root listening on %s", local.toString().c_str());
-  launch(std::move(listener), id.secret);
+  launch(std::move(listener), id.secret, nullptr);
   return id;
 }
 
-Status startRootForId(const wire::UniqueId& id) {
+Result<std::shared_ptr<RootControl>> startRootForId(const wire::UniqueId& id) {
   net::SockAddr addr = wire::toSockAddr(id.root);
   Result<net::Socket> listener = net::Socket::listen(addr);
   if (!listener.ok()) {
@@ -193,8 +212,9 @@ Status startRootForId(const wire::UniqueId& id) {
   }
   TUTTI_INFO(log::kBootstrap, "bootstrap root (hosted by rank 0) listening on %s",
              addr.toString().c_str());
-  launch(listener.take(), id.secret);
-  return Status::Ok();
+  auto control = std::make_shared<RootControl>();
+  launch(listener.take(), id.secret, control);
+  return control;
 }
 
 }  // namespace tutti

@@ -3,6 +3,8 @@
 // answer, or at its deadline, when it tells the ranks that came which ranks did not.
 #pragma once
 
+#include <memory>
+
 #include "runtime/socket.h"
 #include "runtime/wire.h"
 
@@ -14,7 +16,15 @@ uint64_t randomSecret();
 // Listens on `bindAddr` and starts the root thread; returns the id that leads ranks to it.
 Result<wire::UniqueId> startRootWithNewId(const net::SockAddr& bindAddr);
 
+// Lets the comm whose rank 0 hosts a root stop it, so its port is free for a retry at once.
+struct RootControl {
+  std::atomic<bool> stop{false};
+  std::atomic<bool> done{false};
+  // Asks the root to stop and waits (briefly) until its thread has closed the port.
+  void stopAndWait();
+};
+
 // Starts the root for an id whose address was fixed in advance (NCCL_COMM_ID); rank 0 calls it.
-Status startRootForId(const wire::UniqueId& id);
+Result<std::shared_ptr<RootControl>> startRootForId(const wire::UniqueId& id);
 
 }  // namespace tutti

@@ -17,7 +17,25 @@ Comm::Comm(int rank, int nranks, int cudaDev, CommConfig config)
 
 Comm::~Comm() {
   if (worker_.joinable()) worker_.join();
+  if (root_) root_->stopAndWait();
   for (auto& h : helpers_) h.wait();
+}
+
+Status Comm::waitSplitTurn(uint64_t ticket, const std::atomic<bool>* alsoAbort) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (splitTurn_ != ticket) {
+    if (aborted() || (alsoAbort && alsoAbort->load())) return net::abortedStatus();
+    splitCv_.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  return Status::Ok();
+}
+
+void Comm::endSplitTurn() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++splitTurn_;
+  }
+  splitCv_.notify_all();
 }
 
 std::string Comm::asyncMessage() const {
@@ -38,18 +56,18 @@ Status Comm::init(const wire::UniqueId& id) {
   log::setThreadDevice(cudaDev_);
   commHash_ = fnv1a(&id, sizeof(id));
   TUTTI_INFO(log::kInit, "comm %p rank %d nranks %d cudaDev %d busId %s commId 0x%llx - Init START",
-             static_cast<void*>(this), rank_, nranks_, cudaDev_,
+             static_cast<void*>(this), rank(), nranks(), cudaDev_,
              cudaDev_ >= 0 ? cuda::busId(cudaDev_).c_str() : "none",
              static_cast<unsigned long long>(commHash_));
   Result<std::unique_ptr<Bootstrap>> b =
-      Bootstrap::create(id, rank_, nranks_, &abort_, env::bootstrapTimeoutSeconds());
+      Bootstrap::create(id, rank(), nranks(), &abort_, env::bootstrapTimeoutSeconds());
   if (!b.ok()) return b.status();
   bootstrap_ = b.take();
 
-  peers_.assign(static_cast<size_t>(nranks_), PeerInfo{});
-  peers_[static_cast<size_t>(rank_)] = localPeerInfo(rank_, cudaDev_, bootstrap_->listenAddr());
+  peers_.assign(static_cast<size_t>(nranks()), PeerInfo{});
+  peers_[static_cast<size_t>(rank())] = localPeerInfo(rank(), cudaDev_, bootstrap_->listenAddr());
   TUTTI_TRY(bootstrap_->allGather(peers_.data(), sizeof(PeerInfo)).withContext("peer info"));
-  for (int r = 0; r < nranks_; ++r) {
+  for (int r = 0; r < nranks(); ++r) {
     if (peers_[static_cast<size_t>(r)].rank != r) {
       return internalError("peer info exchange: slot " + std::to_string(r) + " holds rank " +
                            std::to_string(peers_[static_cast<size_t>(r)].rank));
@@ -57,21 +75,20 @@ Status Comm::init(const wire::UniqueId& id) {
   }
   logLayout();
   TUTTI_INFO(log::kInit, "comm %p rank %d nranks %d cudaDev %d - Init COMPLETE",
-             static_cast<void*>(this), rank_, nranks_, cudaDev_);
+             static_cast<void*>(this), rank(), nranks(), cudaDev_);
   return Status::Ok();
 }
 
 void Comm::logLayout() const {
   if (!log::enabled(log::Level::kInfo, log::kInit)) return;
-  const PeerInfo& me = peers_[static_cast<size_t>(rank_)];
+  const PeerInfo& me = peers_[static_cast<size_t>(rank())];
   int local = 0;
   for (const PeerInfo& p : peers_) local += p.hostHash == me.hostHash;
-  TUTTI_INFO(log::kInit, "rank %d: host %s pid %lld %s%s, %d of %d ranks on this host%s%s",
-             rank_, me.hostname, static_cast<long long>(me.pid),
-             cudaDev_ >= 0 ? "cudaDev " : "CPU rank",
-             cudaDev_ >= 0 ? std::to_string(cudaDev_).c_str() : "", local, nranks_,
+  TUTTI_INFO(log::kInit, "rank %d: host %s pid %lld %s%s, %d of %d ranks on this host%s%s", rank(),
+             me.hostname, static_cast<long long>(me.pid), cudaDev_ >= 0 ? "cudaDev " : "CPU rank",
+             cudaDev_ >= 0 ? std::to_string(cudaDev_).c_str() : "", local, nranks(),
              config_.commName.empty() ? "" : ", commName ", config_.commName.c_str());
-  if (rank_ != 0) return;
+  if (rank() != 0) return;
   for (const PeerInfo& p : peers_) {
     TUTTI_INFO(log::kInit, "  rank %d -> host %s pid %lld dev %d%s%s bootstrap %s", p.rank,
                p.hostname, static_cast<long long>(p.pid), p.cudaDev, p.busId[0] ? " bus " : "",
@@ -83,7 +100,12 @@ std::shared_future<Status> Comm::startAsync(std::function<Status()> work) {
   std::packaged_task<Status()> task([this, work = std::move(work)] {
     log::setThreadDevice(cudaDev_);
     if (cudaDev_ >= 0) (void)cuda::setDevice(cudaDev_);
-    Status s = work();
+    Status s;
+    try {
+      s = work();
+    } catch (const std::exception& e) {  // e.g. bad_alloc: must still end in a state
+      s = internalError(std::string("initialization failed: ") + e.what());
+    }
     finish(s);
     return s;
   });
@@ -130,9 +152,9 @@ void add(Comm* comm) {
   std::lock_guard<std::mutex> lock(mu());
   live().insert(comm);
 }
-void remove(Comm* comm) {
+bool remove(Comm* comm) {
   std::lock_guard<std::mutex> lock(mu());
-  live().erase(comm);
+  return live().erase(comm) != 0;
 }
 bool contains(const void* comm) {
   std::lock_guard<std::mutex> lock(mu());

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <future>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "runtime/bootstrap.h"
+#include "runtime/bootstrap_root.h"
 #include "runtime/peer_info.h"
 #include "runtime/status.h"
 
@@ -72,10 +74,21 @@ class Comm {
   // Split re-seats the identity before init (rank and size are learned from the parent).
   void setIdentity(int rank, int nranks) { rank_ = rank, nranks_ = nranks; }
 
+  // Splits of this comm run their bootstrap exchanges in the order they were called, which
+  // every rank shares, even when several run in the background at once.
+  uint64_t takeSplitTicket() { return nextSplitTicket_.fetch_add(1); }
+  // Waits for the ticket's turn; fails if this comm or `alsoAbort` is aborted meanwhile.
+  Status waitSplitTurn(uint64_t ticket, const std::atomic<bool>* alsoAbort);
+  void endSplitTurn();
+
+  // The root this comm's rank 0 hosts (NCCL_COMM_ID style); stopped when the comm ends.
+  void setRoot(std::shared_ptr<RootControl> root) { root_ = std::move(root); }
+
  private:
   void logLayout() const;
 
-  int rank_, nranks_, cudaDev_;
+  std::atomic<int> rank_, nranks_;
+  int cudaDev_;
   uint64_t commHash_ = 0;
   CommConfig config_;
   std::atomic<State> state_{State::kInitializing};
@@ -87,12 +100,17 @@ class Comm {
   std::vector<PeerInfo> peers_;
   std::thread worker_;
   std::vector<std::shared_future<Status>> helpers_;
+  std::atomic<uint64_t> nextSplitTicket_{0};
+  uint64_t splitTurn_ = 0;  // guarded by mu_
+  std::condition_variable splitCv_;
+  std::shared_ptr<RootControl> root_;
 };
 
 // Live communicators, so a destroyed or never-created handle is refused instead of followed.
 namespace registry {
 void add(Comm* comm);
-void remove(Comm* comm);
+// True for the one caller that removed it (two threads may race to destroy a comm).
+bool remove(Comm* comm);
 bool contains(const void* comm);
 }  // namespace registry
 

@@ -2,6 +2,7 @@
 
 #include <strings.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -75,7 +76,8 @@ bool getBool(const char* name, bool defaultValue) {
 
 double bootstrapTimeoutSeconds() {
   double t = getDouble("TUTTI_BOOTSTRAP_TIMEOUT", 300.0);
-  return t > 0 ? t : 300.0;
+  if (!(t > 0)) return 300.0;  // also NaN
+  return std::min(t, 1e7);     // 'inf' or huge values: keep deadlines representable
 }
 
 }  // namespace tutti::env

@@ -66,14 +66,14 @@ Result<LaunchSpec> resolveLaunchEnv(const EnvLookup& env) {
         "under mpirun (OMPI_COMM_WORLD_*) or srun (SLURM_PROCID, SLURM_NTASKS)");
   }
   if (s.nranks < 1 || s.rank >= s.nranks) {
-    return invalidArgument(s.source + " environment gives rank " + std::to_string(s.rank) +
-                           " of " + std::to_string(s.nranks));
+    return invalidArgument(s.source + " environment gives rank " + std::to_string(s.rank) + " of " +
+                           std::to_string(s.nranks));
   }
 
   auto get = [&](const char* n) { return env(n).value_or(""); };
   s.jobKey = s.source + "|" + std::to_string(s.nranks) + "|" + get("TORCHELASTIC_RUN_ID") + "|" +
-             get("SLURM_JOB_ID") + "." + get("SLURM_STEP_ID") + "|" + get("OMPI_MCA_ess_base_jobid") +
-             "|" + get("PMIX_NAMESPACE");
+             get("SLURM_JOB_ID") + "." + get("SLURM_STEP_ID") + "|" +
+             get("OMPI_MCA_ess_base_jobid") + "|" + get("PMIX_NAMESPACE");
   if (auto id = env("NCCL_COMM_ID"); id && !id->empty()) {
     s.rendezvous = *id;
     return s;

@@ -15,10 +15,10 @@ using EnvLookup = std::function<std::optional<std::string>(const char*)>;
 struct LaunchSpec {
   int rank = -1;
   int nranks = 0;
-  int localRank = -1;     // -1: unknown
-  std::string rendezvous; // host:port of the root (rank 0 hosts it)
-  std::string jobKey;     // what makes this job's handshake secret differ from another's
-  std::string source;     // "torchrun", "Open MPI", ... for logs
+  int localRank = -1;      // -1: unknown
+  std::string rendezvous;  // host:port of the root (rank 0 hosts it)
+  std::string jobKey;      // what makes this job's handshake secret differ from another's
+  std::string source;      // "torchrun", "Open MPI", ... for logs
 };
 
 Result<LaunchSpec> resolveLaunchEnv(const EnvLookup& env);

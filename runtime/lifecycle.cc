@@ -52,7 +52,8 @@ Result<Started> launch(Comm* comm, std::function<Status()> work) {
   if (!comm->config().blocking || inGroup) {
     std::shared_future<Status> done = comm->startAsync(std::move(work));
     if (inGroup) group::defer(done, comm->config().blocking);
-    return Started{comm, !comm->config().blocking};
+    // Inside a group NCCL reports in-progress from ncclGroupEnd, not from the call.
+    return Started{comm, !comm->config().blocking && !inGroup, done};
   }
   Status s = work();
   comm->finish(s);
@@ -60,7 +61,7 @@ Result<Started> launch(Comm* comm, std::function<Status()> work) {
     destroyComm(comm, true);
     return s;
   }
-  return Started{comm, false};
+  return Started{comm, false, {}};
 }
 
 struct SplitPlan {
@@ -68,8 +69,18 @@ struct SplitPlan {
   wire::UniqueId id{};
 };
 
-// Every rank of the parent takes part, NOCOLOR ranks included.
-Result<SplitPlan> planSplit(Comm* parent, int color, int key) {
+Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key);
+
+// Every rank of the parent takes part, NOCOLOR ranks included, in the order of the calls.
+Result<SplitPlan> planSplit(Comm* parent, uint64_t ticket, int color, int key,
+                            const std::atomic<bool>* childAbort) {
+  TUTTI_TRY(parent->waitSplitTurn(ticket, childAbort).withContext("split"));
+  Result<SplitPlan> plan = exchangeSplit(parent, color, key);
+  parent->endSplitTurn();
+  return plan;
+}
+
+Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key) {
   Bootstrap* b = parent->bootstrap();
   int n = parent->nranks(), me = parent->rank();
   struct Entry {
@@ -88,6 +99,7 @@ Result<SplitPlan> planSplit(Comm* parent, int color, int key) {
     return entries[static_cast<size_t>(a)].key < entries[static_cast<size_t>(b2)].key;
   });
   std::vector<wire::UniqueId> ids(static_cast<size_t>(n), wire::UniqueId{});
+  Status rootStatus;
   if (!members.empty()) {
     plan.nranks = static_cast<int>(members.size());
     plan.rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
@@ -95,12 +107,22 @@ Result<SplitPlan> planSplit(Comm* parent, int color, int key) {
       // The colour's first rank hosts its root, on the interface the parent already uses.
       net::SockAddr bind = b->listenAddr();
       bind.setPort(0);
-      TUTTI_ASSIGN(id, startRootWithNewId(bind));
-      ids[static_cast<size_t>(me)] = id;
+      // On failure still take part in the exchange below (with an empty id), so that the
+      // other ranks hear of it now instead of at their deadline.
+      Result<wire::UniqueId> id = startRootWithNewId(bind);
+      if (id.ok()) ids[static_cast<size_t>(me)] = id.value();
+      rootStatus = id.status();
     }
   }
   TUTTI_TRY(b->allGather(ids.data(), sizeof(wire::UniqueId)).withContext("split: ids"));
-  if (!members.empty()) plan.id = ids[static_cast<size_t>(members[0])];
+  TUTTI_TRY(rootStatus.withContext("split: starting the new communicator's root"));
+  if (!members.empty()) {
+    plan.id = ids[static_cast<size_t>(members[0])];
+    if (plan.id.magic != wire::kIdMagic) {
+      return systemError("split: rank " + std::to_string(members[0]) + ", first of colour " +
+                         std::to_string(color) + ", could not start the new communicator's root");
+    }
+  }
   return plan;
 }
 
@@ -110,36 +132,45 @@ Result<Started> initRank(int nranks, const wire::UniqueId& id, int rank, int cud
                          CommConfig config) {
   auto* comm = new Comm(rank, nranks, cudaDev, std::move(config));
   return launch(comm, [comm, id, rank]() -> Status {
-    if (rank == 0 && (id.flags & wire::kRootStartedByRank0)) TUTTI_TRY(startRootForId(id));
+    if (rank == 0 && (id.flags & wire::kRootStartedByRank0)) {
+      TUTTI_ASSIGN(root, startRootForId(id));
+      comm->setRoot(root);
+    }
     return comm->init(id);
   });
 }
 
 Result<Started> splitComm(Comm* parent, int color, int key, CommConfig config) {
+  uint64_t ticket = parent->takeSplitTicket();
   if (color == -1) {  // NCCL_SPLIT_NOCOLOR: take part in the exchange, get no communicator
     if (config.blocking && !group::active()) {
-      TUTTI_ASSIGN(plan, planSplit(parent, color, key));
+      TUTTI_ASSIGN(plan, planSplit(parent, ticket, color, key, nullptr));
       (void)plan;
-      return Started{nullptr, false};
+      return Started{nullptr, false, {}};
     }
     std::shared_future<Status> done =
-        std::async(std::launch::async, [parent, color, key]() -> Status {
-          return planSplit(parent, color, key).status();
+        std::async(std::launch::async, [parent, ticket, color, key]() -> Status {
+          Status s = planSplit(parent, ticket, color, key, nullptr).status();
+          parent->setAsyncError(s);  // nobody else will hear of it
+          return s;
         }).share();
     parent->adoptHelper(done);
     if (group::active()) group::defer(done, config.blocking);
-    return Started{nullptr, false};
+    return Started{nullptr, false, done};
   }
   auto* comm = new Comm(-1, 0, parent->cudaDev(), std::move(config));
-  return launch(comm, [comm, parent, color, key]() -> Status {
-    TUTTI_ASSIGN(plan, planSplit(parent, color, key));
+  Result<Started> started = launch(comm, [comm, parent, ticket, color, key]() -> Status {
+    TUTTI_ASSIGN(plan, planSplit(parent, ticket, color, key, comm->abortFlag()));
     comm->setIdentity(plan.rank, plan.nranks);
     return comm->init(plan.id);
   });
+  // The parent must outlive the exchange its child runs on it: it waits for it when freed.
+  if (started.ok() && started.value().done.valid()) parent->adoptHelper(started.value().done);
+  return started;
 }
 
 void destroyComm(Comm* comm, bool abort) {
-  registry::remove(comm);
+  if (!registry::remove(comm)) return;  // another thread is already destroying it
   if (abort || comm->state() == Comm::State::kInitializing) comm->requestAbort();
   delete comm;
 }

@@ -19,7 +19,8 @@ Result<wire::UniqueId> idForAddress(const std::string& hostPort, const std::stri
 
 struct Started {
   Comm* comm;
-  bool inProgress;  // nonblocking: poll ncclCommGetAsyncError
+  bool inProgress;                  // nonblocking, outside a group: poll ncclCommGetAsyncError
+  std::shared_future<Status> done;  // valid when the work runs in the background
 };
 
 // cudaDev -1: a CPU communicator.

@@ -21,10 +21,9 @@ struct Subsystem {
   uint32_t bit;
 };
 constexpr Subsystem kSubsystems[] = {
-    {"INIT", kInit},   {"COLL", kColl},   {"P2P", kP2p},     {"SHM", kShm},
-    {"NET", kNet},     {"GRAPH", kGraph}, {"TUNING", kTuning}, {"ENV", kEnv},
-    {"ALLOC", kAlloc}, {"CALL", kCall},   {"PROXY", kProxy}, {"BOOTSTRAP", kBootstrap},
-    {"ALL", kAll},
+    {"INIT", kInit},   {"COLL", kColl},           {"P2P", kP2p}, {"SHM", kShm},     {"NET", kNet},
+    {"GRAPH", kGraph}, {"TUNING", kTuning},       {"ENV", kEnv}, {"ALLOC", kAlloc}, {"CALL", kCall},
+    {"PROXY", kProxy}, {"BOOTSTRAP", kBootstrap}, {"ALL", kAll},
 };
 
 struct State {
@@ -160,8 +159,8 @@ void write(Level level, uint32_t /*subsys*/, const char* file, int line, const c
   long tid = syscall(SYS_gettid);
   if (level == Level::kWarn) {
     const char* base = strrchr(file, '/');
-    snprintf(prefix, sizeof(prefix), "%s:%d:%ld [%d] %s:%d NCCL WARN ", s.host, pid, tid,
-             tDevice, base ? base + 1 : file, line);
+    snprintf(prefix, sizeof(prefix), "%s:%d:%ld [%d] %s:%d NCCL WARN ", s.host, pid, tid, tDevice,
+             base ? base + 1 : file, line);
   } else {
     snprintf(prefix, sizeof(prefix), "%s:%d:%ld [%d] NCCL %s ", s.host, pid, tid, tDevice,
              levelName(level));
@@ -184,8 +183,8 @@ void printVersionOnce() {
     if (enabled(Level::kVersion, kAll)) {
       State& s = state();
       std::lock_guard<std::mutex> lock(s.mu);
-      fprintf(s.out, "%s:%d:%ld [%d] NCCL INFO NCCL version %s (tutti %s, %s)\n", s.host,
-              getpid(), syscall(SYS_gettid), tDevice, kNcclVersionString, kTuttiVersionString,
+      fprintf(s.out, "%s:%d:%ld [%d] NCCL INFO NCCL version %s (tutti %s, %s)\n", s.host, getpid(),
+              syscall(SYS_gettid), tDevice, kNcclVersionString, kTuttiVersionString,
               kCudaDescription);
       fflush(s.out);
     }

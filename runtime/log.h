@@ -47,10 +47,10 @@ void reinitForTest();
 
 }  // namespace tutti::log
 
-#define TUTTI_LOG(level, subsys, ...)                                                   \
-  do {                                                                                  \
-    if (::tutti::log::enabled(level, subsys))                                           \
-      ::tutti::log::write(level, subsys, __FILE__, __LINE__, __VA_ARGS__);              \
+#define TUTTI_LOG(level, subsys, ...)                                      \
+  do {                                                                     \
+    if (::tutti::log::enabled(level, subsys))                              \
+      ::tutti::log::write(level, subsys, __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 #define TUTTI_WARN(...) TUTTI_LOG(::tutti::log::Level::kWarn, ::tutti::log::kAll, __VA_ARGS__)
 #define TUTTI_INFO(subsys, ...) TUTTI_LOG(::tutti::log::Level::kInfo, subsys, __VA_ARGS__)

@@ -26,13 +26,11 @@ Status errnoStatus(const std::string& what, int err) {
 namespace net {
 
 Deadline deadlineAfter(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(seconds));
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
-double secondsLeft(Deadline d) {
-  return std::chrono::duration<double>(d - Clock::now()).count();
-}
+double secondsLeft(Deadline d) { return std::chrono::duration<double>(d - Clock::now()).count(); }
 
 Status abortedStatus() { return internalError("operation aborted (ncclCommAbort)"); }
 
@@ -251,8 +249,11 @@ Result<Socket> Socket::listen(const SockAddr& addrIn) {
   if (::bind(s.fd_, addr.sa(), addr.len) != 0) {
     int err = errno;
     if (err != EADDRNOTAVAIL) return errnoStatus("bind " + addr.toString(), err);
-    // The address names this host but is not on one of its interfaces (NAT, a DNS alias):
-    // listen on every address of the family, on the same port.
+    // The address is not on one of this host's interfaces (NAT, a DNS alias -- or a wrong
+    // NCCL_COMM_ID / MASTER_ADDR): listen on every address of the family, on the same port,
+    // and say so, since other ranks will hang at their deadline if the address is wrong.
+    TUTTI_WARN("%s is not an address of this host; listening on all interfaces, port %u instead",
+               addr.toString().c_str(), addr.port());
     SockAddr any;
     any.storage.ss_family = addr.family();
     any.len = addr.len;
@@ -358,8 +359,7 @@ Result<size_t> Socket::recvSome(void* data, size_t size) {
                      (n < 0 ? strerror(errno) : "connection closed by peer"));
 }
 
-Status Socket::recvAll(void* data, size_t size, Deadline deadline,
-                       const std::atomic<bool>* abort) {
+Status Socket::recvAll(void* data, size_t size, Deadline deadline, const std::atomic<bool>* abort) {
   char* p = static_cast<char*>(data);
   while (size > 0) {
     TUTTI_ASSIGN(n, recvSome(p, size));

@@ -80,8 +80,7 @@ class Socket {
   // Non-blocking accept; an invalid Socket when none is pending.
   Result<Socket> tryAccept();
 
-  Status sendAll(const void* data, size_t size, Deadline deadline,
-                 const std::atomic<bool>* abort);
+  Status sendAll(const void* data, size_t size, Deadline deadline, const std::atomic<bool>* abort);
   Status recvAll(void* data, size_t size, Deadline deadline, const std::atomic<bool>* abort);
   // Reads what is available without blocking: bytes read, 0 if none, error on EOF/reset.
   Result<size_t> recvSome(void* data, size_t size);

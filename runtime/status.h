@@ -55,7 +55,7 @@ Status errnoStatus(const std::string& what, int err);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {}  // NOLINT
 
   bool ok() const { return std::holds_alternative<T>(v_); }
@@ -71,14 +71,14 @@ class [[nodiscard]] Result {
 }  // namespace tutti
 
 // Returns early from the enclosing function when a Status is not ok.
-#define TUTTI_TRY(expr)                         \
-  do {                                          \
-    ::tutti::Status tutti_try_status_ = (expr); \
+#define TUTTI_TRY(expr)                                    \
+  do {                                                     \
+    ::tutti::Status tutti_try_status_ = (expr);            \
     if (!tutti_try_status_.ok()) return tutti_try_status_; \
   } while (0)
 
 // Declares `var` from a Result<T>, returning its Status early on failure.
-#define TUTTI_ASSIGN(var, expr)                          \
-  auto tutti_assign_##var = (expr);                      \
+#define TUTTI_ASSIGN(var, expr)                                     \
+  auto tutti_assign_##var = (expr);                                 \
   if (!tutti_assign_##var.ok()) return tutti_assign_##var.status(); \
   auto var = tutti_assign_##var.take()

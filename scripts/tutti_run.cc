@@ -249,8 +249,7 @@ int main(int argc, char** argv) {
         int sig = static_cast<int>(info.ssi_signo);
         if (sig == SIGCHLD) continue;
         forwardedSignal = sig;
-        fprintf(stderr, "tutti-run: forwarding signal %d (%s) to all ranks\n", sig,
-                strsignal(sig));
+        fprintf(stderr, "tutti-run: forwarding signal %d (%s) to all ranks\n", sig, strsignal(sig));
         signalAll(sig);
         if (!killScheduled) {
           killScheduled = true;
@@ -270,8 +269,8 @@ int main(int argc, char** argv) {
       if (failed && failedRank < 0 && forwardedSignal == 0) {
         failedRank = rk.rank;
         failedStatus = status;
-        fprintf(stderr, "tutti-run: rank %d (pid %d) %s; stopping the other %d rank(s)\n",
-                rk.rank, rk.pid, describe(status).c_str(), running);
+        fprintf(stderr, "tutti-run: rank %d (pid %d) %s; stopping the other %d rank(s)\n", rk.rank,
+                rk.pid, describe(status).c_str(), running);
         signalAll(SIGTERM);
         killScheduled = true;
         killAt = Clock::now() + std::chrono::seconds(5);

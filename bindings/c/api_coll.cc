@@ -13,8 +13,16 @@ namespace {
 constexpr int kNone = INT_MIN;
 
 enum class Kind {
-  kAllReduce, kAllGather, kReduceScatter, kBroadcast, kReduce, kAlltoAll, kGather, kScatter,
-  kSend, kRecv
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kReduce,
+  kAlltoAll,
+  kGather,
+  kScatter,
+  kSend,
+  kRecv
 };
 
 struct Call {
@@ -38,7 +46,8 @@ Status validate(const Call& c, Comm** out) {
   TUTTI_ASSIGN(comm, api::lookup(c.comm, api::Need::kReady));
   size_t size = api::typeSize(c.dtype);
   if (size == 0) {
-    return invalidArgument("datatype " + std::to_string(c.dtype) + " is not a valid ncclDataType_t");
+    return invalidArgument("datatype " + std::to_string(c.dtype) +
+                           " is not a valid ncclDataType_t");
   }
   if (c.op != kNone && (c.op < 0 || c.op >= ncclNumOps)) {
     return invalidArgument("reduction op " + std::to_string(c.op) +
@@ -127,8 +136,8 @@ TUTTI_API ncclResult_t ncclGather(const void* s, void* r, size_t count, ncclData
   return enqueue({"ncclGather", Kind::kGather, s, r, count, t, kNone, root, comm});
 }
 
-TUTTI_API ncclResult_t ncclScatter(const void* s, void* r, size_t count, ncclDataType_t t,
-                                   int root, ncclComm_t comm, cudaStream_t) {
+TUTTI_API ncclResult_t ncclScatter(const void* s, void* r, size_t count, ncclDataType_t t, int root,
+                                   ncclComm_t comm, cudaStream_t) {
   return enqueue({"ncclScatter", Kind::kScatter, s, r, count, t, kNone, root, comm});
 }
 
@@ -137,7 +146,7 @@ TUTTI_API ncclResult_t ncclSend(const void* s, size_t count, ncclDataType_t t, i
   return enqueue({"ncclSend", Kind::kSend, s, nullptr, count, t, kNone, peer, comm});
 }
 
-TUTTI_API ncclResult_t ncclRecv(void* r, size_t count, ncclDataType_t t, int peer,
-                                ncclComm_t comm, cudaStream_t) {
+TUTTI_API ncclResult_t ncclRecv(void* r, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
+                                cudaStream_t) {
   return enqueue({"ncclRecv", Kind::kRecv, nullptr, r, count, t, kNone, peer, comm});
 }

@@ -64,8 +64,8 @@ size_t typeSize(int t) {
 }
 
 const char* typeName(int t) {
-  static const char* kNames[] = {"int8", "uint8",   "int32",    "uint32", "int64",    "uint64",
-                                 "half", "float",   "double",   "bf16",   "fp8e4m3", "fp8e5m2"};
+  static const char* kNames[] = {"int8", "uint8", "int32",  "uint32", "int64",   "uint64",
+                                 "half", "float", "double", "bf16",   "fp8e4m3", "fp8e5m2"};
   return t >= 0 && t < ncclNumTypes ? kNames[t] : "unknown";
 }
 

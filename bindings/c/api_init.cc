@@ -108,7 +108,8 @@ TUTTI_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* d
   const char* fn = "ncclCommInitAll";
   log::printVersionOnce();
   if (!comms) return fail(fn, invalidArgument("comms is NULL"));
-  if (ndev < 1) return fail(fn, invalidArgument("ndev is " + std::to_string(ndev) + ", must be >= 1"));
+  if (ndev < 1)
+    return fail(fn, invalidArgument("ndev is " + std::to_string(ndev) + ", must be >= 1"));
   int count = cuda::deviceCount();
   std::vector<int> devices(static_cast<size_t>(ndev));
   for (int i = 0; i < ndev; ++i) {
@@ -116,11 +117,11 @@ TUTTI_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* d
     // may share a GPU (rank i uses device i % count), and a devlist entry of -1 is a CPU rank.
     int d = devlist ? devlist[i] : (count > 0 ? i % count : -1);
     if (d < -1 || d >= count) {
-      return fail(fn, invalidArgument("devlist[" + std::to_string(i) + "] is " +
-                                      std::to_string(d) + " but " + std::to_string(count) +
-                                      " CUDA device(s) are present" +
-                                      (count == 0 ? " (" + cuda::unavailableReason() + ")" : "") +
-                                      "; -1 makes a CPU rank"));
+      return fail(fn,
+                  invalidArgument("devlist[" + std::to_string(i) + "] is " + std::to_string(d) +
+                                  " but " + std::to_string(count) + " CUDA device(s) are present" +
+                                  (count == 0 ? " (" + cuda::unavailableReason() + ")" : "") +
+                                  "; -1 makes a CPU rank"));
     }
     devices[static_cast<size_t>(i)] = d;
   }
@@ -130,7 +131,8 @@ TUTTI_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* d
   group::start();
   ncclResult_t first = ncclSuccess;
   for (int i = 0; i < ndev; ++i) {
-    Result<Started> r = initRank(ndev, id.value(), i, devices[static_cast<size_t>(i)], CommConfig{});
+    Result<Started> r =
+        initRank(ndev, id.value(), i, devices[static_cast<size_t>(i)], CommConfig{});
     if (!r.ok()) {
       first = fail(fn, r.status());
       break;

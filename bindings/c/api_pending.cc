@@ -67,14 +67,12 @@ TUTTI_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_
 }
 
 TUTTI_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t) {
-  return notImplemented("ncclCommWindowDeregister",
-                        comm);
+  return notImplemented("ncclCommWindowDeregister", comm);
 }
 
 TUTTI_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
                                                 ncclDataType_t datatype,
-                                                ncclScalarResidence_t residence,
-                                                ncclComm_t comm) {
+                                                ncclScalarResidence_t residence, ncclComm_t comm) {
   const char* fn = "ncclRedOpCreatePreMulSum";
   if (!op) return fail(fn, invalidArgument("op is NULL"));
   if (!scalar) return fail(fn, invalidArgument("scalar is NULL"));
@@ -89,8 +87,8 @@ TUTTI_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
 
 TUTTI_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   if (op >= 0 && op < ncclNumOps) {
-    return fail("ncclRedOpDestroy",
-                invalidArgument("op " + std::to_string(op) + " is a built-in op, not a custom one"));
+    return fail("ncclRedOpDestroy", invalidArgument("op " + std::to_string(op) +
+                                                    " is a built-in op, not a custom one"));
   }
   return notImplemented("ncclRedOpDestroy", comm);
 }

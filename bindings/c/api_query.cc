@@ -36,12 +36,14 @@ TUTTI_API const char* ncclGetErrorString(ncclResult_t result) {
 }
 
 TUTTI_API const char* ncclGetLastError(ncclComm_t comm) {
-  const char* mine = api::lastError();
-  if (*mine || !comm || !registry::contains(comm)) return mine;
-  // Nothing failed on this thread: report the communicator's asynchronous error, if any.
-  static thread_local std::string async;
-  async = reinterpret_cast<Comm*>(comm)->asyncMessage();
-  return async.c_str();
+  // A communicator's asynchronous error (a failed nonblocking init, a split helper) is what a
+  // caller passing that communicator is asking about; otherwise this thread's last error.
+  if (comm && registry::contains(comm)) {
+    static thread_local std::string async;
+    async = reinterpret_cast<Comm*>(comm)->asyncMessage();
+    if (!async.empty()) return async.c_str();
+  }
+  return api::lastError();
 }
 
 TUTTI_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {

@@ -4,13 +4,13 @@
 
 #include "nccl.h"
 
-#define CHECK(cond)                                                     \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
       fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #cond, \
-              ncclGetLastError(NULL));                                  \
-      return 1;                                                         \
-    }                                                                   \
+              ncclGetLastError(NULL));                                     \
+      return 1;                                                            \
+    }                                                                      \
   } while (0)
 
 int main(void) {

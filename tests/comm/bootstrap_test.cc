@@ -1,11 +1,12 @@
 // The bootstrap ring itself: all-gather, barrier and point-to-point messages, IPv4 and IPv6.
-#include <gtest/gtest.h>
+#include "runtime/bootstrap.h"
 
-#include <memory>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 
+#include <memory>
+
 #include "harness/harness.h"
-#include "runtime/bootstrap.h"
 #include "runtime/bootstrap_root.h"
 #include "runtime/lifecycle.h"
 
@@ -19,8 +20,8 @@ std::vector<std::unique_ptr<Bootstrap>> formRing(int n, const wire::UniqueId& id
   std::vector<std::string> err(static_cast<size_t>(n));
   onThreads(n, [&](int r) {
     if (r == 0 && (id.flags & wire::kRootStartedByRank0)) {
-      Status s = startRootForId(id);
-      if (!s.ok()) err[r] = s.message();
+      auto stop = startRootForId(id);
+      if (!stop.ok()) err[r] = stop.status().message();
     }
     auto res = Bootstrap::create(id, r, n, nullptr, 20);
     if (res.ok()) {

@@ -103,7 +103,8 @@ TEST(Comm, SplitByColourAndKey) {
 TEST(Comm, SplitEqualKeysKeepParentOrder) {
   auto comms = initThreads(3);
   std::vector<ncclComm_t> sub(3, nullptr);
-  onThreads(3, [&](int r) { ASSERT_EQ(ncclCommSplit(comms[r], 7, 0, &sub[r], nullptr), ncclSuccess); });
+  onThreads(
+      3, [&](int r) { ASSERT_EQ(ncclCommSplit(comms[r], 7, 0, &sub[r], nullptr), ncclSuccess); });
   for (int r = 0; r < 3; ++r) {
     int rank = -1;
     ASSERT_EQ(ncclCommUserRank(sub[r], &rank), ncclSuccess);
@@ -208,4 +209,73 @@ TEST(Comm, AbortFromAnotherThreadUnblocksBlockingInitInGroup) {
   aborter.join();
   EXPECT_NE(rc, ncclSuccess);
   EXPECT_LT(secondsSince(start), 5.0);
+}
+
+TEST(Comm, SeveralSplitsInOneGroupPairUpInCallOrder) {
+  // Each rank issues two splits of the same parent inside one group; they run in the
+  // background at once and must still pair up across ranks in the order they were called.
+  const int n = 4;
+  auto comms = initThreads(n);
+  std::vector<ncclComm_t> byParity(n, nullptr), byHalf(n, nullptr);
+  std::vector<ncclResult_t> rc(n);
+  onThreads(n, [&](int r) {
+    ncclGroupStart();
+    ncclCommSplit(comms[r], r % 2, r, &byParity[r], nullptr);
+    ncclCommSplit(comms[r], r / 2, -r, &byHalf[r], nullptr);
+    rc[r] = ncclGroupEnd();
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(rc[r], ncclSuccess) << "rank " << r;
+    int a = -1, b = -1;
+    ASSERT_EQ(ncclCommUserRank(byParity[r], &a), ncclSuccess);
+    ASSERT_EQ(ncclCommUserRank(byHalf[r], &b), ncclSuccess);
+    EXPECT_EQ(a, r / 2) << "parity split, parent rank " << r;
+    EXPECT_EQ(b, 1 - r % 2) << "half split (keys reversed), parent rank " << r;
+  }
+  destroyAll(byParity);
+  destroyAll(byHalf);
+  destroyAll(comms);
+}
+
+TEST(Comm, NonblockingInitInsideGroupReportsFromGroupEnd) {
+  ncclUniqueId id = makeId();
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t comms[2] = {};
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ncclCommInitRankConfig(&comms[r], 2, id, r, &cfg), ncclSuccess);
+  }
+  ncclResult_t end = ncclGroupEnd();
+  EXPECT_TRUE(end == ncclInProgress || end == ncclSuccess) << end;
+  for (auto c : comms) {
+    ncclResult_t state = ncclInProgress;
+    for (int i = 0; i < 1000 && state == ncclInProgress; ++i) {
+      ASSERT_EQ(ncclCommGetAsyncError(c, &state), ncclSuccess);
+      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(state, ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  }
+}
+
+TEST(Comm, AbortFreesTheRendezvousPortForARetry) {
+  // NCCL_COMM_ID style: rank 0 hosts the root at a fixed port. After an aborted attempt the
+  // same job must be able to rendezvous there again at once.
+  RunResult port = runShell(
+      "python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); "
+      "print(s.getsockname()[1])'");
+  ASSERT_EQ(port.exitCode, 0);
+  std::string addr = "127.0.0.1:" + port.output.substr(0, port.output.find('\n'));
+  ScopedEnv commId("NCCL_COMM_ID", addr.c_str());
+  ncclUniqueId id = makeId();
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t lonely = nullptr;
+  ASSERT_EQ(ncclCommInitRankConfig(&lonely, 2, id, 0, &cfg), ncclInProgress);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(ncclCommAbort(lonely), ncclSuccess);
+  auto comms = initThreads(2);  // makes its id from NCCL_COMM_ID too
+  for (auto c : comms) EXPECT_NE(c, nullptr);
+  destroyAll(comms);
 }

@@ -62,8 +62,7 @@ void destroyAll(std::vector<ncclComm_t>& comms) {
 }
 
 double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double secondsSince(double start) { return now() - start; }

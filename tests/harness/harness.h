@@ -31,7 +31,7 @@ std::vector<ncclComm_t> initThreads(int n);
 void destroyAll(std::vector<ncclComm_t>& comms);
 
 struct RunResult {
-  int exitCode;  // -1 when killed by a signal
+  int exitCode;        // -1 when killed by a signal
   std::string output;  // stdout and stderr together
   double seconds;
 };

@@ -35,11 +35,13 @@ TEST(Processes, SplitAcrossProcesses) {
 
 TEST(Processes, NcclCommIdLetsEveryRankMakeTheId) {
   // As with NCCL: with NCCL_COMM_ID set, every process calls ncclGetUniqueId itself.
-  RunResult port = runShell("python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); print(s.getsockname()[1])'");
+  RunResult port = runShell(
+      "python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); "
+      "print(s.getsockname()[1])'");
   ASSERT_EQ(port.exitCode, 0);
   std::string p = port.output.substr(0, port.output.find('\n'));
-  RunResult r = runShell("NCCL_COMM_ID=127.0.0.1:" + p + " " + runBin() + " -n 4 " + rankBin() +
-                         " getid");
+  RunResult r =
+      runShell("NCCL_COMM_ID=127.0.0.1:" + p + " " + runBin() + " -n 4 " + rankBin() + " getid");
   EXPECT_EQ(r.exitCode, 0) << r.output;
   EXPECT_EQ(countOk(r.output), 4) << r.output;
 }
@@ -50,7 +52,9 @@ TEST(Processes, MissingProcessIsNamed) {
       "export TUTTI_BOOTSTRAP_TIMEOUT=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=0 "
       "TUTTI_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); "
       "print(s.getsockname()[1])'); "
-      "RANK=0 " + rankBin() + " init & RANK=1 " + rankBin() + " init; a=$?; wait $!; b=$?; "
+      "RANK=0 " +
+      rankBin() + " init & RANK=1 " + rankBin() +
+      " init; a=$?; wait $!; b=$?; "
       "echo codes $a $b");
   EXPECT_NE(r.output.find("codes 1 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rank(s) 2 of 3 did not check in"), std::string::npos) << r.output;

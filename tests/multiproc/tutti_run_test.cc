@@ -32,7 +32,8 @@ TEST(TuttiRun, PropagatesFailingRankStatusAndStopsTheRest) {
 }
 
 TEST(TuttiRun, ReportsARankKilledBySignal) {
-  RunResult r = runShell(runBin() + " -n 2 sh -c 'if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60'");
+  RunResult r =
+      runShell(runBin() + " -n 2 sh -c 'if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60'");
   EXPECT_EQ(r.exitCode, 128 + 9) << r.output;
   EXPECT_NE(r.output.find("rank 0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
@@ -40,10 +41,11 @@ TEST(TuttiRun, ReportsARankKilledBySignal) {
 
 TEST(TuttiRun, ForwardsSignals) {
   // SIGTERM to the launcher reaches every rank; the ranks' trap prints and exits 3.
-  RunResult r = runShell(
-      runBin() + " -n 2 sh -c 'trap \"echo got-term; exit 3\" TERM; echo ready; "
-      "while true; do sleep 0.1; done' & pid=$!; sleep 1; kill -TERM $pid; wait $pid; "
-      "echo launcher-exit $?");
+  RunResult r =
+      runShell(runBin() +
+               " -n 2 sh -c 'trap \"echo got-term; exit 3\" TERM; echo ready; "
+               "while true; do sleep 0.1; done' & pid=$!; sleep 1; kill -TERM $pid; wait $pid; "
+               "echo launcher-exit $?");
   EXPECT_NE(r.output.find("[rank 0] got-term"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rank 1] got-term"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("launcher-exit 3"), std::string::npos) << r.output;

@@ -11,7 +11,7 @@
 TEST(Abi, VersionMacrosAndCall) {
   EXPECT_EQ(NCCL_VERSION_CODE, 22707);
   EXPECT_EQ(NCCL_VERSION(2, 27, 7), 22707);
-  EXPECT_EQ(NCCL_VERSION(2, 8, 4), 2804);     // old formula below 2.9
+  EXPECT_EQ(NCCL_VERSION(2, 8, 4), 2804);  // old formula below 2.9
   EXPECT_EQ(NCCL_VERSION(2, 28, 9), 22809);
   EXPECT_EQ(NCCL_VERSION(3, 0, 1), 30001);
   int v = 0;

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <climits>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "harness/harness.h"
@@ -141,8 +141,8 @@ TEST_F(ApiValidation, CollectiveArguments) {
               ncclInvalidArgument, "reduction op -2");
   expectError(ncclAllReduce(buf_, buf_, SIZE_MAX / 2, ncclFloat, ncclSum, c, nullptr),
               ncclInvalidArgument, "overflows");
-  expectError(ncclAllGather(buf_, buf_, SIZE_MAX / 4, ncclDouble, c, nullptr),
-              ncclInvalidArgument, "overflows");
+  expectError(ncclAllGather(buf_, buf_, SIZE_MAX / 4, ncclDouble, c, nullptr), ncclInvalidArgument,
+              "overflows");
   expectError(ncclBroadcast(buf_, buf_, 4, ncclFloat, 1, c, nullptr), ncclInvalidArgument,
               "root 1 is out of range");
   expectError(ncclBcast(buf_, 4, ncclFloat, -1, c, nullptr), ncclInvalidArgument,
@@ -153,8 +153,8 @@ TEST_F(ApiValidation, CollectiveArguments) {
   expectError(ncclScatter(buf_, buf_, 4, ncclFloat, 2, c, nullptr), ncclInvalidArgument, "root 2");
   expectError(ncclSend(buf_, 4, ncclFloat, 1, c, nullptr), ncclInvalidArgument, "peer 1");
   expectError(ncclRecv(buf_, 4, ncclFloat, -1, c, nullptr), ncclInvalidArgument, "peer -1");
-  expectError(ncclAllReduce(nullptr, buf_, 4, ncclFloat, ncclSum, c, nullptr),
-              ncclInvalidArgument, "sendbuff is NULL");
+  expectError(ncclAllReduce(nullptr, buf_, 4, ncclFloat, ncclSum, c, nullptr), ncclInvalidArgument,
+              "sendbuff is NULL");
   expectError(ncclReduceScatter(buf_, nullptr, 4, ncclFloat, ncclSum, c, nullptr),
               ncclInvalidArgument, "recvbuff is NULL");
   expectError(ncclAlltoAll(nullptr, buf_, 4, ncclFloat, c, nullptr), ncclInvalidArgument,
@@ -162,8 +162,8 @@ TEST_F(ApiValidation, CollectiveArguments) {
   // Well-formed calls reach the (not yet built) data path and say so.
   expectError(ncclAllReduce(buf_, buf_, 4, ncclFloat, ncclSum, c, nullptr), ncclInvalidUsage,
               "not implemented yet");
-  expectError(ncclAllReduce(nullptr, nullptr, 0, ncclFloat, ncclSum, c, nullptr),
-              ncclInvalidUsage, "not implemented yet");
+  expectError(ncclAllReduce(nullptr, nullptr, 0, ncclFloat, ncclSum, c, nullptr), ncclInvalidUsage,
+              "not implemented yet");
 }
 
 TEST_F(ApiValidation, FunctionsOfLaterLayers) {
@@ -197,8 +197,7 @@ TEST_F(ApiValidation, FunctionsOfLaterLayers) {
   expectError(ncclCommWindowRegister(comm_, buf_, sizeof(buf_), &win, 0), ncclInvalidUsage,
               "not implemented yet");
   expectError(ncclCommWindowDeregister(comm_, win), ncclInvalidUsage, "not implemented yet");
-  expectError(ncclRedOpCreatePreMulSum(nullptr, &scalar, ncclFloat, ncclScalarHostImmediate,
-                                       comm_),
+  expectError(ncclRedOpCreatePreMulSum(nullptr, &scalar, ncclFloat, ncclScalarHostImmediate, comm_),
               ncclInvalidArgument, "op is NULL");
   expectError(ncclRedOpCreatePreMulSum(&op, nullptr, ncclFloat, ncclScalarHostImmediate, comm_),
               ncclInvalidArgument, "scalar is NULL");

@@ -1,9 +1,10 @@
 // The ncclConfig_t ABI rule: size-limited copy, magic check, version-gated fields.
+#include "bindings/c/config.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 
-#include "bindings/c/config.h"
 #include "harness/harness.h"
 
 using tutti::CommConfig;

@@ -1,8 +1,8 @@
+#include "runtime/launch_env.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
-
-#include "runtime/launch_env.h"
 
 using tutti::LaunchSpec;
 using tutti::resolveLaunchEnv;
@@ -17,8 +17,11 @@ tutti::Result<LaunchSpec> resolve(const std::map<std::string, std::string>& vars
 }  // namespace
 
 TEST(LaunchEnv, Torchrun) {
-  auto s = resolve({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-                    {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"}});
+  auto s = resolve({{"RANK", "3"},
+                    {"WORLD_SIZE", "8"},
+                    {"LOCAL_RANK", "1"},
+                    {"MASTER_ADDR", "10.1.2.3"},
+                    {"MASTER_PORT", "29500"}});
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_EQ(s.value().rank, 3);
   EXPECT_EQ(s.value().nranks, 8);
@@ -28,8 +31,11 @@ TEST(LaunchEnv, Torchrun) {
 }
 
 TEST(LaunchEnv, TuttiPortAndIpv6) {
-  auto s = resolve({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "fd00::1"},
-                    {"MASTER_PORT", "1000"}, {"TUTTI_PORT", "2000"}});
+  auto s = resolve({{"RANK", "0"},
+                    {"WORLD_SIZE", "2"},
+                    {"MASTER_ADDR", "fd00::1"},
+                    {"MASTER_PORT", "1000"},
+                    {"TUTTI_PORT", "2000"}});
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s.value().rendezvous, "[fd00::1]:2000");
 }
@@ -50,8 +56,11 @@ TEST(LaunchEnv, OpenMpiNeedsARendezvous) {
 }
 
 TEST(LaunchEnv, SlurmUsesFirstNodeAndJobPort) {
-  auto s = resolve({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"},
-                    {"SLURM_STEP_NODELIST", "gpu[07-09,12],cpu1"}, {"SLURM_JOB_ID", "123456"}});
+  auto s = resolve({{"SLURM_PROCID", "5"},
+                    {"SLURM_NTASKS", "16"},
+                    {"SLURM_LOCALID", "1"},
+                    {"SLURM_STEP_NODELIST", "gpu[07-09,12],cpu1"},
+                    {"SLURM_JOB_ID", "123456"}});
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_EQ(s.value().rank, 5);
   EXPECT_EQ(s.value().rendezvous, "gpu07:" + std::to_string(29600 + 456));

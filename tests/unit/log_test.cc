@@ -1,4 +1,6 @@
 // NCCL_DEBUG / NCCL_DEBUG_SUBSYS / NCCL_DEBUG_FILE and the NCCL line format.
+#include "runtime/log.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -7,7 +9,6 @@
 #include <sstream>
 
 #include "harness/harness.h"
-#include "runtime/log.h"
 
 using namespace tutti::log;
 using tutti::test::ScopedEnv;

@@ -1,8 +1,7 @@
-#include <gtest/gtest.h>
-
-#include <unistd.h>
-
 #include "runtime/socket.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
 
 using namespace tutti::net;
 using tutti::Status;
@@ -80,5 +79,4 @@ TEST(Socket, SendRecvWithDeadlines) {
   c.value().close();
   Status closed = server.recvAll(&byte, 1, deadlineAfter(5), nullptr);
   EXPECT_EQ(closed.code(), tutti::Code::kRemoteError);
-
 }

@@ -32,7 +32,7 @@ typedef struct CUstream_st* cudaStream_t;
 
 #define NCCL_VERSION_CODE 22707
 #define NCCL_VERSION(X, Y, Z) \
-  (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
+  (((X) <= 2 && (Y) <= 8) ? (X)*1000 + (Y)*100 + (Z) : (X)*10000 + (Y)*100 + (Z))
 
 #ifdef __cplusplus
 extern "C" {
@@ -77,31 +77,31 @@ typedef struct ncclConfig_v22700 {
   int maxCTAs;
   const char* netName;
   int splitShare;
-  int trafficClass;   /* since 2.25 */
+  int trafficClass; /* since 2.25 */
   const char* commName;
-  int collnetEnable;  /* since 2.27 */
+  int collnetEnable; /* since 2.27 */
   int CTAPolicy;
   int shrinkShare;
   int nvlsCTAs;
   int nChannelsPerNetPeer; /* since 2.28 */
   int nvlinkCentricSched;
-  int graphUsageMode;      /* since 2.29 */
+  int graphUsageMode; /* since 2.29 */
   int numRmaCtx;
-  int maxP2pPeers;         /* since 2.30 */
+  int maxP2pPeers; /* since 2.30 */
   int graphStreamOrdering;
 } ncclConfig_t;
 
 #define NCCL_CONFIG_MAGIC 0xcafebeef
 
-#define NCCL_CONFIG_INITIALIZER                                                             \
-  {                                                                                         \
+#define NCCL_CONFIG_INITIALIZER                                                                \
+  {                                                                                            \
     sizeof(ncclConfig_t), NCCL_CONFIG_MAGIC, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                 \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT                  \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                   \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,                   \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,                   \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                   \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,                   \
+        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT                    \
   }
 
 /* Communicator-shrink flags and CTA policies (values as published). */
@@ -202,14 +202,12 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataTyp
 ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 
 /* ---- Collectives -------------------------------------------------------------------- */
-ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
-                        ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
-                        cudaStream_t stream);
-ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
-                       ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                       cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
-                           ncclDataType_t datatype, int root, ncclComm_t comm,
-                           cudaStream_t stream);
+                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream);
@@ -220,11 +218,10 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
-ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count,
-                        ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                        int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count,
-                         ncclDataType_t datatype, int root, ncclComm_t comm,
-                         cudaStream_t stream);
+                         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
