@@ -118,23 +118,14 @@ TEST(Comm, NonblockingInitAndSplit) {
   const int n = 3;
   ncclUniqueId id = makeId();
   std::vector<ncclComm_t> comms(n, nullptr);
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
+  ncclConfig_t cfg = nonblockingConfig();
   // One thread issues every rank's init: with blocking=0 each call returns at once.
   for (int r = 0; r < n; ++r) {
     ncclResult_t rc = ncclCommInitRankConfig(&comms[r], n, id, r, &cfg);
     ASSERT_TRUE(rc == ncclInProgress || rc == ncclSuccess) << rc;
     ASSERT_NE(comms[r], nullptr);
   }
-  auto waitReady = [](ncclComm_t c) {
-    ncclResult_t state = ncclInProgress;
-    for (int i = 0; i < 3000 && state == ncclInProgress; ++i) {
-      ASSERT_EQ(ncclCommGetAsyncError(c, &state), ncclSuccess);
-      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ASSERT_EQ(state, ncclSuccess) << ncclGetLastError(c);
-  };
-  for (auto c : comms) waitReady(c);
+  for (auto c : comms) ASSERT_EQ(waitInitialized(c), ncclSuccess) << ncclGetLastError(c);
   int count = 0;
   ASSERT_EQ(ncclCommCount(comms[1], &count), ncclSuccess);
   EXPECT_EQ(count, n);
@@ -145,7 +136,7 @@ TEST(Comm, NonblockingInitAndSplit) {
     ncclResult_t rc = ncclCommSplit(comms[r], 0, r, &sub[r], nullptr);
     ASSERT_TRUE(rc == ncclInProgress || rc == ncclSuccess) << rc;
   }
-  for (auto c : sub) waitReady(c);
+  for (auto c : sub) ASSERT_EQ(waitInitialized(c), ncclSuccess) << ncclGetLastError(c);
   int rank = -1;
   ASSERT_EQ(ncclCommUserRank(sub[2], &rank), ncclSuccess);
   EXPECT_EQ(rank, 2);
@@ -177,8 +168,7 @@ TEST(Comm, MissingRankFailsWithinDeadlineNamingIt) {
 
 TEST(Comm, AbortDuringPendingInitReturnsPromptly) {
   ncclUniqueId id = makeId();
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
+  ncclConfig_t cfg = nonblockingConfig();
   ncclComm_t c = nullptr;
   // Rank 0 of 2: the other rank never comes, so init stays pending.
   ASSERT_EQ(ncclCommInitRankConfig(&c, 2, id, 0, &cfg), ncclInProgress);
@@ -239,8 +229,7 @@ TEST(Comm, SeveralSplitsInOneGroupPairUpInCallOrder) {
 
 TEST(Comm, NonblockingInitInsideGroupReportsFromGroupEnd) {
   ncclUniqueId id = makeId();
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
+  ncclConfig_t cfg = nonblockingConfig();
   ncclComm_t comms[2] = {};
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (int r = 0; r < 2; ++r) {
@@ -249,12 +238,7 @@ TEST(Comm, NonblockingInitInsideGroupReportsFromGroupEnd) {
   ncclResult_t end = ncclGroupEnd();
   EXPECT_TRUE(end == ncclInProgress || end == ncclSuccess) << end;
   for (auto c : comms) {
-    ncclResult_t state = ncclInProgress;
-    for (int i = 0; i < 1000 && state == ncclInProgress; ++i) {
-      ASSERT_EQ(ncclCommGetAsyncError(c, &state), ncclSuccess);
-      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    EXPECT_EQ(state, ncclSuccess);
+    EXPECT_EQ(waitInitialized(c), ncclSuccess) << ncclGetLastError(c);
     EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
   }
 }
@@ -269,8 +253,7 @@ TEST(Comm, AbortFreesTheRendezvousPortForARetry) {
   std::string addr = "127.0.0.1:" + port.output.substr(0, port.output.find('\n'));
   ScopedEnv commId("NCCL_COMM_ID", addr.c_str());
   ncclUniqueId id = makeId();
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
+  ncclConfig_t cfg = nonblockingConfig();
   ncclComm_t lonely = nullptr;
   ASSERT_EQ(ncclCommInitRankConfig(&lonely, 2, id, 0, &cfg), ncclInProgress);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));

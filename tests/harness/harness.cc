@@ -61,6 +61,21 @@ void destroyAll(std::vector<ncclComm_t>& comms) {
   }
 }
 
+ncclConfig_t nonblockingConfig() {
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  return cfg;
+}
+
+ncclResult_t waitInitialized(ncclComm_t comm) {
+  ncclResult_t state = ncclInProgress;
+  for (int i = 0; i < 1000 && state == ncclInProgress; ++i) {
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInvalidArgument;
+    if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return state;
+}
+
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }

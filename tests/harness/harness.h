@@ -29,6 +29,11 @@ void onThreads(int n, const std::function<void(int)>& fn);
 // n communicators formed by n threads calling ncclCommInitRank; fails the test on error.
 std::vector<ncclComm_t> initThreads(int n);
 void destroyAll(std::vector<ncclComm_t>& comms);
+// NCCL_CONFIG_INITIALIZER with blocking = 0.
+ncclConfig_t nonblockingConfig();
+// Polls ncclCommGetAsyncError until the comm leaves ncclInProgress (10 s at most); returns
+// the state it ended in.
+ncclResult_t waitInitialized(ncclComm_t comm);
 
 struct RunResult {
   int exitCode;        // -1 when killed by a signal
