@@ -24,7 +24,11 @@ Comm::~Comm() {
 Status Comm::waitSplitTurn(uint64_t ticket, const std::atomic<bool>* alsoAbort) {
   std::unique_lock<std::mutex> lock(mu_);
   while (splitTurn_ != ticket) {
-    if (aborted() || (alsoAbort && alsoAbort->load())) return net::abortedStatus();
+    if (aborted() || (alsoAbort && alsoAbort->load())) {
+      // Give the turn up, so the splits queued behind this one are not left waiting for it.
+      abandonedTurns_.insert(ticket);
+      return net::abortedStatus();
+    }
     splitCv_.wait_for(lock, std::chrono::milliseconds(100));
   }
   return Status::Ok();
@@ -34,6 +38,7 @@ void Comm::endSplitTurn() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++splitTurn_;
+    while (abandonedTurns_.erase(splitTurn_)) ++splitTurn_;
   }
   splitCv_.notify_all();
 }

@@ -8,6 +8,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -101,7 +102,8 @@ class Comm {
   std::thread worker_;
   std::vector<std::shared_future<Status>> helpers_;
   std::atomic<uint64_t> nextSplitTicket_{0};
-  uint64_t splitTurn_ = 0;  // guarded by mu_
+  uint64_t splitTurn_ = 0;             // guarded by mu_
+  std::set<uint64_t> abandonedTurns_;  // guarded by mu_: aborted before their turn came
   std::condition_variable splitCv_;
   std::shared_ptr<RootControl> root_;
 };
