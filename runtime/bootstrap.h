@@ -23,6 +23,9 @@ class Bootstrap {
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
+  // The job's secret: transports put it in their handshakes too.
+  uint64_t secret() const { return secret_; }
+  double timeoutSeconds() const { return timeoutS_; }
   // Where this rank's listener is (and so which interface was chosen).
   const net::SockAddr& listenAddr() const { return listenAddr_; }
   net::SockAddr peerAddr(int rank) const { return wire::toSockAddr(peers_[rank]); }

@@ -2,10 +2,16 @@
 
 #include <unistd.h>
 
+#include <cstring>
+#include <thread>
 #include <unordered_set>
 
+#include "nccl.h"
 #include "runtime/cuda_shim.h"
+#include "runtime/dtype.h"
+#include "runtime/engine.h"
 #include "runtime/env.h"
+#include "runtime/links.h"
 #include "runtime/log.h"
 
 namespace tutti {
@@ -19,6 +25,83 @@ Comm::~Comm() {
   if (worker_.joinable()) worker_.join();
   if (root_) root_->stopAndWait();
   for (auto& h : helpers_) h.wait();
+  engine_.reset();
+  links_.reset();
+}
+
+void Comm::breakLinks() {
+  State st = state();
+  if (links_ && (st == State::kReady || st == State::kFinalized)) links_->breakAll();
+}
+
+void Comm::waitUnpinned() const {
+  while (calls_.load(std::memory_order_acquire) > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+Result<int> Comm::createPreMulSum(const void* scalar, int dtype, bool deviceResident) {
+  std::lock_guard<std::mutex> lock(mu_);
+  UserOp op;
+  op.live = true;
+  op.dtype = dtype;
+  op.device = deviceResident;
+  if (deviceResident) {
+    op.ptr = scalar;
+  } else {
+    memcpy(op.scalar, scalar, dtypeSize(dtype));
+  }
+  for (size_t i = 0; i < userOps_.size(); ++i) {
+    if (!userOps_[i].live) {
+      userOps_[i] = op;
+      return ncclNumOps + static_cast<int>(i);
+    }
+  }
+  if (userOps_.size() >= 1u << 20)
+    return invalidUsage("too many live ncclRedOpCreatePreMulSum ops");
+  userOps_.push_back(op);
+  return ncclNumOps + static_cast<int>(userOps_.size() - 1);
+}
+
+Status Comm::destroyOp(int op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (op < ncclNumOps) {
+    return invalidArgument("op " + std::to_string(op) +
+                           " is a built-in op, not one made by "
+                           "ncclRedOpCreatePreMulSum");
+  }
+  size_t i = static_cast<size_t>(op - ncclNumOps);
+  if (i >= userOps_.size() || !userOps_[i].live) {
+    return invalidArgument("op " + std::to_string(op) + " is not a live op of this communicator");
+  }
+  userOps_[i].live = false;
+  return Status::Ok();
+}
+
+Result<RedOpSpec> Comm::resolveOp(int op, int dtype) const {
+  RedOpSpec spec;
+  if (op >= 0 && op < ncclNumOps) {
+    spec.fn = op == ncclAvg ? ncclSum : op;
+    spec.post = op == ncclAvg;
+    return spec;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t i = static_cast<size_t>(op - ncclNumOps);
+  if (op < 0 || i >= userOps_.size() || !userOps_[i].live) {
+    return invalidArgument("reduction op " + std::to_string(op) +
+                           " is not a valid ncclRedOp_t (no live ncclRedOpCreatePreMulSum op "
+                           "of this communicator has that value)");
+  }
+  const UserOp& u = userOps_[i];
+  if (u.dtype != dtype) {
+    return invalidArgument(std::string("reduction op ") + std::to_string(op) + " was made for " +
+                           dtypeName(u.dtype) + ", not " + dtypeName(dtype));
+  }
+  spec.fn = ncclSum;
+  spec.pre = true;
+  memcpy(spec.scalar, u.scalar, sizeof(spec.scalar));
+  spec.scalarPtr = u.device ? u.ptr : nullptr;
+  return spec;
 }
 
 Status Comm::waitSplitTurn(uint64_t ticket, const std::atomic<bool>* alsoAbort) {
@@ -79,6 +162,8 @@ Status Comm::init(const wire::UniqueId& id) {
     }
   }
   logLayout();
+  links_ = std::make_unique<Links>(*this);
+  engine_ = std::make_unique<Engine>(*this);
   TUTTI_INFO(log::kInit, "comm %p rank %d nranks %d cudaDev %d - Init COMPLETE",
              static_cast<void*>(this), rank(), nranks(), cudaDev_);
   return Status::Ok();
@@ -164,6 +249,13 @@ bool remove(Comm* comm) {
 bool contains(const void* comm) {
   std::lock_guard<std::mutex> lock(mu());
   return live().count(comm) != 0;
+}
+Comm* pin(const void* comm) {
+  std::lock_guard<std::mutex> lock(mu());
+  if (!live().count(comm)) return nullptr;
+  Comm* c = static_cast<Comm*>(const_cast<void*>(comm));
+  c->pin();
+  return c;
 }
 }  // namespace registry
 

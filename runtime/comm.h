@@ -15,10 +15,14 @@
 
 #include "runtime/bootstrap.h"
 #include "runtime/bootstrap_root.h"
+#include "runtime/coll_args.h"
 #include "runtime/peer_info.h"
 #include "runtime/status.h"
 
 namespace tutti {
+
+class Engine;
+class Links;
 
 // ncclConfig_t after the ABI rule has been applied (bindings/c/config.cc); -1 / "" = unset.
 struct CommConfig {
@@ -85,6 +89,24 @@ class Comm {
   // The root this comm's rank 0 hosts (NCCL_COMM_ID style); stopped when the comm ends.
   void setRoot(std::shared_ptr<RootControl> root) { root_ = std::move(root); }
 
+  // Data path (made by init): connections to peers and the CPU engine.
+  Links& links() { return *links_; }
+  Engine& engine() { return *engine_; }
+  // Tells every connected peer this rank has gone (abort); no-op before init finished.
+  void breakLinks();
+  uint64_t nextSeq() { return seq_.fetch_add(1); }
+
+  // API calls in progress on this comm: it is freed only once they have all returned.
+  void pin() { calls_.fetch_add(1); }
+  void unpin() { calls_.fetch_sub(1); }
+  void waitUnpinned() const;
+
+  // ncclRedOpCreatePreMulSum / ncclRedOpDestroy: ops numbered from ncclNumOps.
+  Result<int> createPreMulSum(const void* scalar, int dtype, bool deviceResident);
+  Status destroyOp(int op);
+  // Resolves an op for an operation on dtype (user ops must match their datatype).
+  Result<RedOpSpec> resolveOp(int op, int dtype) const;
+
  private:
   void logLayout() const;
 
@@ -106,6 +128,19 @@ class Comm {
   std::set<uint64_t> abandonedTurns_;  // guarded by mu_: aborted before their turn came
   std::condition_variable splitCv_;
   std::shared_ptr<RootControl> root_;
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<int> calls_{0};
+  struct UserOp {
+    bool live = false;
+    int dtype = 0;
+    bool device = false;
+    uint8_t scalar[8]{};
+    const void* ptr = nullptr;
+  };
+  std::vector<UserOp> userOps_;  // guarded by mu_
+  // Declared last: freed first, while bootstrap and peers are still there.
+  std::unique_ptr<Links> links_;
+  std::unique_ptr<Engine> engine_;
 };
 
 // Live communicators, so a destroyed or never-created handle is refused instead of followed.
@@ -114,6 +149,8 @@ void add(Comm* comm);
 // True for the one caller that removed it (two threads may race to destroy a comm).
 bool remove(Comm* comm);
 bool contains(const void* comm);
+// The comm, pinned (see Comm::pin), or nullptr when the handle is not a live comm.
+Comm* pin(const void* comm);
 }  // namespace registry
 
 }  // namespace tutti

@@ -3,6 +3,9 @@
 #include <chrono>
 #include <vector>
 
+#include "runtime/comm.h"
+#include "runtime/engine.h"
+
 namespace tutti::group {
 namespace {
 
@@ -11,9 +14,15 @@ struct Deferred {
   bool blocking;
 };
 
+struct Batch {
+  Comm* comm;
+  std::vector<CollArgs> ops;
+};
+
 struct ThreadGroup {
   int depth = 0;
   std::vector<Deferred> deferred;
+  std::vector<Batch> batches;  // one per communicator, in order of first use
 };
 
 thread_local ThreadGroup tGroup;
@@ -28,6 +37,53 @@ void defer(std::shared_future<Status> work, bool blocking) {
   tGroup.deferred.push_back({std::move(work), blocking});
 }
 
+namespace {
+
+// Every communicator's batch at once; the caller's thread takes the first.
+Status runBatches(std::vector<Batch>& batches) {
+  if (batches.size() == 1) return batches[0].comm->engine().run(batches[0].ops);
+  std::vector<Status> results(batches.size());
+  for (size_t i = 1; i < batches.size(); ++i) {
+    batches[i].comm->engine().runAsync(&batches[i].ops, &results[i]);
+  }
+  results[0] = batches[0].comm->engine().run(batches[0].ops);
+  for (size_t i = 1; i < batches.size(); ++i) batches[i].comm->engine().waitAsync();
+  for (const Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status submit(Comm* comm, std::vector<CollArgs> ops) {
+  if (!active()) {
+    Status s = comm->engine().run(ops);
+    comm->unpin();
+    return s;
+  }
+  for (Batch& b : tGroup.batches) {
+    if (b.comm == comm) {
+      b.ops.insert(b.ops.end(), ops.begin(), ops.end());
+      comm->unpin();  // the batch already holds a pin on this comm
+      return Status::Ok();
+    }
+  }
+  tGroup.batches.push_back({comm, std::move(ops)});
+  return Status::Ok();
+}
+
+void discard(Comm* comm) {
+  auto& b = tGroup.batches;
+  for (auto it = b.begin(); it != b.end(); ++it) {
+    if (it->comm == comm) {
+      comm->unpin();
+      b.erase(it);
+      return;
+    }
+  }
+}
+
 Status end() {
   if (tGroup.depth == 0) {
     return invalidUsage("ncclGroupEnd called without a matching ncclGroupStart");
@@ -35,6 +91,8 @@ Status end() {
   if (--tGroup.depth > 0) return Status::Ok();
   std::vector<Deferred> work;
   work.swap(tGroup.deferred);
+  std::vector<Batch> batches;
+  batches.swap(tGroup.batches);
   Status first;
   bool pending = false;
   for (Deferred& d : work) {
@@ -44,6 +102,10 @@ Status end() {
     }
     Status s = d.work.get();
     if (first.ok() && !s.ok()) first = s;
+  }
+  if (!batches.empty()) {
+    if (first.ok()) first = runBatches(batches);
+    for (Batch& b : batches) b.comm->unpin();
   }
   if (!first.ok()) return first;
   if (pending) return Status(Code::kInProgress, "nonblocking operations still in progress");

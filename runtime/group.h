@@ -4,8 +4,14 @@
 #pragma once
 
 #include <future>
+#include <vector>
 
+#include "runtime/coll_args.h"
 #include "runtime/status.h"
+
+namespace tutti {
+class Comm;
+}
 
 namespace tutti::group {
 
@@ -16,5 +22,13 @@ void start();
 Status end();
 // Registers work started inside the current group.
 void defer(std::shared_future<Status> work, bool blocking);
+
+// Runs a communicator's operations now, or -- inside a group -- queues them for the outermost
+// ncclGroupEnd, which runs every communicator's queue at once (one thread per communicator
+// beyond the first) so that one thread can drive the ranks of several communicators.
+// The comm must be pinned by the caller; submit() takes over that pin.
+Status submit(Comm* comm, std::vector<CollArgs> ops);
+// Drops this thread's queued operations on comm (it is being aborted inside the group).
+void discard(Comm* comm);
 
 }  // namespace tutti::group

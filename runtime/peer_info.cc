@@ -1,5 +1,6 @@
 #include "runtime/peer_info.h"
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,6 +48,8 @@ PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr
   p.rank = rank;
   p.cudaDev = cudaDev;
   p.pid = getpid();
+  cpu_set_t set;
+  p.cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
   p.hostHash = localHostHash();
   snprintf(p.busId, sizeof(p.busId), "%s", cuda::busId(cudaDev).c_str());
   snprintf(p.hostname, sizeof(p.hostname), "%s", localHostname().c_str());

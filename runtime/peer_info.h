@@ -13,6 +13,8 @@ struct PeerInfo {
   int32_t rank;
   int32_t cudaDev;  // -1: a CPU rank
   int64_t pid;
+  int32_t cpus;  // hardware threads this process may run on
+  int32_t reserved;
   uint64_t hostHash;  // equal for ranks that can share memory directly
   char busId[24];     // PCI bus id of cudaDev, "" for CPU ranks
   char hostname[64];

@@ -45,7 +45,9 @@ struct UniqueId {
 static_assert(sizeof(UniqueId) == 128);
 static_assert(std::is_trivially_copyable_v<UniqueId>);
 
-enum class HelloKind : uint32_t { kCheckIn = 1, kRing = 2, kP2p = 3 };
+// kData: a tcp transport data socket (tag = socket index, size = connection id,
+// nranks = sockets in the connection).
+enum class HelloKind : uint32_t { kCheckIn = 1, kRing = 2, kP2p = 3, kData = 4 };
 
 // First bytes on every bootstrap connection.
 struct Hello {

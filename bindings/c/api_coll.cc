@@ -1,9 +1,12 @@
 // Collective and point-to-point entry points. Every argument is validated here, before
-// anything is queued; the data path itself arrives with the host/GPU engines.
+// anything is queued; then the operation runs (or joins the current group) on the CPU engine.
+// AlltoAll, Gather and Scatter are grouped sends and receives.
 #include <climits>
 #include <cstdint>
 
 #include "bindings/c/api_common.h"
+#include "runtime/cuda_shim.h"
+#include "runtime/group.h"
 
 using namespace tutti;
 using tutti::api::fail;
@@ -42,16 +45,17 @@ bool scalesWithRanks(Kind k) {
          k == Kind::kGather || k == Kind::kScatter;
 }
 
-Status validate(const Call& c, Comm** out) {
-  TUTTI_ASSIGN(comm, api::lookup(c.comm, api::Need::kReady));
+// comm is pinned by the caller.
+Status validate(const Call& c, Comm* comm, RedOpSpec* red) {
+  TUTTI_ASSIGN(ready, api::lookup(comm, api::Need::kReady));
+  (void)ready;
   size_t size = api::typeSize(c.dtype);
   if (size == 0) {
     return invalidArgument("datatype " + std::to_string(c.dtype) +
                            " is not a valid ncclDataType_t");
   }
-  if (c.op != kNone && (c.op < 0 || c.op >= ncclNumOps)) {
-    return invalidArgument("reduction op " + std::to_string(c.op) +
-                           " is not a valid ncclRedOp_t (no custom op was created)");
+  if (c.op != kNone && c.op < 0) {
+    return invalidArgument("reduction op " + std::to_string(c.op) + " is not a valid ncclRedOp_t");
   }
   if (c.root != kNone) {
     const char* what = (c.kind == Kind::kSend || c.kind == Kind::kRecv) ? "peer" : "root";
@@ -82,16 +86,80 @@ Status validate(const Call& c, Comm** out) {
     if (c.kind == Kind::kScatter && comm->rank() != c.root) needSend = false;
     if (needSend && !c.send) return invalidArgument("sendbuff is NULL with count > 0");
     if (needRecv && !c.recv) return invalidArgument("recvbuff is NULL with count > 0");
+    for (const void* p : {c.send, static_cast<const void*>(c.recv)}) {
+      if (p && cuda::isDevicePointer(p)) {
+        return invalidUsage("buffer " + std::to_string(reinterpret_cast<uintptr_t>(p)) +
+                            " is GPU memory; tutti 0.1.0 runs collectives on host buffers only "
+                            "(the GPU data path is not built yet)");
+      }
+    }
   }
-  *out = comm;
+  if (c.op != kNone) {
+    TUTTI_ASSIGN(spec, comm->resolveOp(c.op, c.dtype));
+    *red = spec;
+  }
   return Status::Ok();
 }
 
+CollArgs argsFor(const Call& c, Kind kind, const void* send, void* recv, int root,
+                 const RedOpSpec& red) {
+  static const CollKind kMap[] = {
+      CollKind::kAllReduce, CollKind::kAllGather, CollKind::kReduceScatter, CollKind::kBroadcast,
+      CollKind::kReduce,    CollKind::kSend,      CollKind::kSend,          CollKind::kSend,
+      CollKind::kSend,      CollKind::kRecv};
+  return CollArgs{kMap[static_cast<int>(kind)], c.fn, send, recv, c.count, c.dtype,
+                  c.op == kNone ? -1 : c.op,    red,  root};
+}
+
+// AlltoAll, Gather and Scatter as the sends and receives they are made of.
+std::vector<CollArgs> expand(const Call& c, Comm* comm, const RedOpSpec& red) {
+  std::vector<CollArgs> ops;
+  const int n = comm->nranks(), me = comm->rank();
+  const size_t block = c.count * api::typeSize(c.dtype);
+  auto at = [&](const void* base, int r) {
+    return static_cast<char*>(const_cast<void*>(base)) + block * static_cast<size_t>(r);
+  };
+  switch (c.kind) {
+    case Kind::kAlltoAll:
+      for (int r = 0; r < n; ++r) {
+        ops.push_back(argsFor(c, Kind::kSend, at(c.send, r), nullptr, r, red));
+        ops.push_back(argsFor(c, Kind::kRecv, nullptr, at(c.recv, r), r, red));
+      }
+      break;
+    case Kind::kGather:
+      ops.push_back(argsFor(c, Kind::kSend, c.send, nullptr, c.root, red));
+      if (me == c.root) {
+        for (int r = 0; r < n; ++r)
+          ops.push_back(argsFor(c, Kind::kRecv, nullptr, at(c.recv, r), r, red));
+      }
+      break;
+    case Kind::kScatter:
+      if (me == c.root) {
+        for (int r = 0; r < n; ++r)
+          ops.push_back(argsFor(c, Kind::kSend, at(c.send, r), nullptr, r, red));
+      }
+      ops.push_back(argsFor(c, Kind::kRecv, nullptr, const_cast<void*>(c.recv), c.root, red));
+      break;
+    default:
+      ops.push_back(argsFor(c, c.kind, c.send, const_cast<void*>(c.recv), c.root, red));
+  }
+  return ops;
+}
+
 ncclResult_t enqueue(const Call& c) {
-  Comm* comm = nullptr;
-  if (Status s = validate(c, &comm); !s.ok()) return fail(c.fn, s);
-  return fail(c.fn, invalidUsage("not implemented yet in tutti 0.1.0: the collective data "
-                                 "path is not built yet (only communicator setup is)"));
+  Comm* comm = registry::pin(c.comm);
+  if (!comm) {
+    Result<Comm*> why = api::lookup(c.comm, api::Need::kAny);
+    return fail(c.fn,
+                why.ok() ? invalidArgument("comm was destroyed during the call") : why.status());
+  }
+  RedOpSpec red;
+  if (Status s = validate(c, comm, &red); !s.ok()) {
+    comm->unpin();
+    return fail(c.fn, s);
+  }
+  if (Status s = group::submit(comm, expand(c, comm, red)); !s.ok()) return fail(c.fn, s);
+  return ncclSuccess;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "bindings/c/api_common.h"
 
+#include "runtime/dtype.h"
 #include "runtime/log.h"
 #include "runtime/version.h"
 
@@ -40,39 +41,9 @@ Result<Comm*> lookup(const void* handle, Need need) {
   return internalError("unknown communicator state");
 }
 
-size_t typeSize(int t) {
-  switch (t) {
-    case ncclInt8:
-    case ncclUint8:
-    case ncclFloat8e4m3:
-    case ncclFloat8e5m2:
-      return 1;
-    case ncclFloat16:
-    case ncclBfloat16:
-      return 2;
-    case ncclInt32:
-    case ncclUint32:
-    case ncclFloat32:
-      return 4;
-    case ncclInt64:
-    case ncclUint64:
-    case ncclFloat64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
-const char* typeName(int t) {
-  static const char* kNames[] = {"int8", "uint8", "int32",  "uint32", "int64",   "uint64",
-                                 "half", "float", "double", "bf16",   "fp8e4m3", "fp8e5m2"};
-  return t >= 0 && t < ncclNumTypes ? kNames[t] : "unknown";
-}
-
-const char* opName(int op) {
-  static const char* kNames[] = {"sum", "prod", "max", "min", "avg"};
-  return op >= 0 && op < ncclNumOps ? kNames[op] : "unknown";
-}
+size_t typeSize(int t) { return dtypeSize(t); }
+const char* typeName(int t) { return dtypeName(t); }
+const char* opName(int op) { return redOpName(op); }
 
 ncclResult_t notImplemented(const char* fn, const void* comm) {
   Result<Comm*> c = lookup(comm, Need::kReady);

@@ -82,7 +82,13 @@ TUTTI_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
   if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate) {
     return fail(fn, invalidArgument("residence " + std::to_string(residence) + " is not valid"));
   }
-  return notImplemented(fn, comm);
+  Result<Comm*> c = api::lookup(comm, api::Need::kReady);
+  if (!c.ok()) return fail(fn, c.status());
+  // A device-resident scalar is read when each operation runs; an immediate one now.
+  Result<int> made = c.value()->createPreMulSum(scalar, datatype, residence == ncclScalarDevice);
+  if (!made.ok()) return fail(fn, made.status());
+  *op = static_cast<ncclRedOp_t>(made.value());
+  return ncclSuccess;
 }
 
 TUTTI_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
@@ -90,7 +96,10 @@ TUTTI_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
     return fail("ncclRedOpDestroy", invalidArgument("op " + std::to_string(op) +
                                                     " is a built-in op, not a custom one"));
   }
-  return notImplemented("ncclRedOpDestroy", comm);
+  Result<Comm*> c = api::lookup(comm, api::Need::kAny);
+  if (!c.ok()) return fail("ncclRedOpDestroy", c.status());
+  if (Status s = c.value()->destroyOp(op); !s.ok()) return fail("ncclRedOpDestroy", s);
+  return ncclSuccess;
 }
 
 TUTTI_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* info) {

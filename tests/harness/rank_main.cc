@@ -2,6 +2,10 @@
 //   init         tuttiCommInitFromEnv, check rank/size and exchange pids over the bootstrap
 //   getid        ncclGetUniqueId + ncclCommInitRank (with NCCL_COMM_ID every rank makes the id)
 //   split        init, then split into even/odd ranks and check the new ranks
+//   coll         init, then run the whole correctness matrix (NCCL_BUFFSIZE sets its counts)
+//   loop         init, then AllReduce 4 MiB again and again until one fails (a peer was
+//                killed): prints "survivor: <result>: <message>" and exits 0 when the error
+//                is ncclRemoteError and ncclCommGetAsyncError agrees, else 1
 // Prints "ok" and exits 0 on success, else prints the error and exits 1.
 #include <unistd.h>
 
@@ -11,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/matrix.h"
 #include "runtime/comm.h"
 #include "tutti.h"
 
@@ -67,6 +72,34 @@ int main(int argc, char** argv) {
     int subSize = (size + 1 - rank % 2) / 2;
     if (int rc = checkComm(sub, rank / 2, subSize)) return rc;
     ncclCommDestroy(sub);
+  }
+  if (mode == "coll") {
+    const char* buff = getenv("NCCL_BUFFSIZE");
+    size_t fifo = buff ? strtoull(buff, nullptr, 0) : (1u << 20);
+    std::vector<std::string> bad =
+        tutti::test::runCases(comm, rank, size, tutti::test::matrixCases(size, fifo));
+    for (const std::string& b : bad) fprintf(stderr, "%s\n", b.c_str());
+    if (!bad.empty()) return 1;
+    printf("matrix: %zu cases passed on rank %d\n", tutti::test::matrixCases(size, fifo).size(),
+           rank);
+  }
+  if (mode == "loop") {
+    std::vector<float> buf(1 << 20, 1.0f);
+    for (int i = 0;; ++i) {
+      ncclResult_t r =
+          ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+      if (i == 0 && r == ncclSuccess) {
+        printf("running\n");
+        fflush(stdout);
+      }
+      if (r == ncclSuccess) continue;
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm, &async);
+      printf("survivor: %s: %s (async: %s)\n", ncclGetErrorString(r), ncclGetLastError(comm),
+             ncclGetErrorString(async));
+      ncclCommAbort(comm);
+      return r == ncclRemoteError && async == r ? 0 : 1;
+    }
   }
   if (ncclCommFinalize(comm) != ncclSuccess) return failWith("ncclCommFinalize", comm);
   if (ncclCommDestroy(comm) != ncclSuccess) return failWith("ncclCommDestroy", nullptr);

@@ -73,3 +73,37 @@ TEST(Processes, HelloDemoRuns) {
   EXPECT_NE(r.output.find("NCCL INFO NCCL version 2.27.7"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Init COMPLETE"), std::string::npos) << r.output;
 }
+
+// The correctness matrix with every rank a process: shm between processes maps segments
+// across address spaces, tcp crosses process boundaries through each side's proxy thread.
+struct ProcessMatrixSetup {
+  int nranks;
+  const char* transport;
+};
+void PrintTo(const ProcessMatrixSetup& s, std::ostream* os) {
+  *os << s.nranks << " processes over " << s.transport;
+}
+class ProcessMatrix : public ::testing::TestWithParam<ProcessMatrixSetup> {};
+
+TEST_P(ProcessMatrix, EveryCollectiveMatchesTheOracle) {
+  const ProcessMatrixSetup s = GetParam();
+  std::string env = std::string("NCCL_BUFFSIZE=8192 TUTTI_TIMEOUT=60 NCCL_SHM_DISABLE=") +
+                    (std::string(s.transport) == "tcp" ? "1" : "0") +
+                    (s.nranks == 3 ? " NCCL_MIN_NCHANNELS=2" : "");
+  RunResult r = runShell(env + " " + runBin() + " -n " + std::to_string(s.nranks) + " " +
+                         rankBin() + " coll");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  int passed = 0;
+  for (size_t p = r.output.find("matrix: "); p != std::string::npos;
+       p = r.output.find("matrix: ", p + 1)) {
+    ++passed;
+  }
+  EXPECT_EQ(passed, s.nranks) << r.output;
+}
+INSTANTIATE_TEST_SUITE_P(
+    Processes, ProcessMatrix,
+    ::testing::Values(ProcessMatrixSetup{2, "tcp"}, ProcessMatrixSetup{3, "shm"},
+                      ProcessMatrixSetup{5, "tcp"}, ProcessMatrixSetup{8, "shm"}),
+    [](const ::testing::TestParamInfo<ProcessMatrixSetup>& i) {
+      return std::string(i.param.transport) + "_" + std::to_string(i.param.nranks) + "procs";
+    });

@@ -159,11 +159,24 @@ TEST_F(ApiValidation, CollectiveArguments) {
               ncclInvalidArgument, "recvbuff is NULL");
   expectError(ncclAlltoAll(nullptr, buf_, 4, ncclFloat, c, nullptr), ncclInvalidArgument,
               "sendbuff is NULL");
-  // Well-formed calls reach the (not yet built) data path and say so.
-  expectError(ncclAllReduce(buf_, buf_, 4, ncclFloat, ncclSum, c, nullptr), ncclInvalidUsage,
-              "not implemented yet");
-  expectError(ncclAllReduce(nullptr, nullptr, 0, ncclFloat, ncclSum, c, nullptr), ncclInvalidUsage,
-              "not implemented yet");
+  // Well-formed calls run (this is a one-rank communicator).
+  EXPECT_EQ(ncclAllReduce(buf_, buf_, 4, ncclFloat, ncclSum, c, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(nullptr, nullptr, 0, ncclFloat, ncclSum, c, nullptr), ncclSuccess);
+}
+
+TEST_F(ApiValidation, UserReductionOps) {
+  auto* c = comm_;
+  float two = 2;
+  ncclRedOp_t op;
+  ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &two, ncclFloat, ncclScalarHostImmediate, c),
+            ncclSuccess);
+  EXPECT_GE(static_cast<int>(op), static_cast<int>(ncclNumOps));
+  expectError(ncclAllReduce(buf_, buf_, 1, ncclDouble, op, c, nullptr), ncclInvalidArgument,
+              "was made for float, not double");
+  ASSERT_EQ(ncclRedOpDestroy(op, c), ncclSuccess);
+  expectError(ncclRedOpDestroy(op, c), ncclInvalidArgument, "not a live op");
+  expectError(ncclAllReduce(buf_, buf_, 1, ncclFloat, op, c, nullptr), ncclInvalidArgument,
+              "is not a valid ncclRedOp_t");
 }
 
 TEST_F(ApiValidation, FunctionsOfLaterLayers) {

@@ -1,0 +1,125 @@
+// Host primitives: the CPU engine's implementation of the vocabulary collectives/ring.h is
+// written in. One instance per channel of one operation, used by one thread. Each call
+// waits for its slot(s), moves one slot's worth of elements and publishes the counters.
+// After a failure every call returns at once (the Waiter remembers why), so algorithm code
+// needs no error handling -- as on the GPU.
+#pragma once
+
+#include <cstring>
+#include <string>
+
+#include "runtime/waiter.h"
+#include "transports/transport.h"
+
+namespace tutti::cpu {
+
+template <typename T, typename Fn>
+class HostPrims {
+ public:
+  HostPrims(transport::FifoView* sendTo, transport::FifoView* recvFrom, const T* in, T* out,
+            const Fn& fn, Waiter* w)
+      : sendTo_(sendTo), recvFrom_(recvFrom), in_(in), out_(out), fn_(fn), w_(w) {}
+
+  void send(size_t inOff, int n) {
+    T* s = acquireSend();
+    if (!s) return;
+    fn_.preCopy(s, in_ + inOff, size_t(n));
+    postSend(n);
+  }
+  void recv(size_t outOff, int n) {
+    const T* r = acquireRecv(n);
+    if (!r) return;
+    memcpy(out_ + outOff, r, size_t(n) * sizeof(T));
+    releaseRecv();
+  }
+  void recvReduceSend(size_t inOff, int n) {
+    const T* r = acquireRecv(n);
+    T* s = r ? acquireSend() : nullptr;
+    if (!s) return;
+    fn_.reduce(s, r, in_ + inOff, size_t(n), false);
+    postSend(n);
+    releaseRecv();
+  }
+  void recvCopySend(size_t outOff, int n) {
+    const T* r = acquireRecv(n);
+    T* s = r ? acquireSend() : nullptr;
+    if (!s) return;
+    memcpy(out_ + outOff, r, size_t(n) * sizeof(T));
+    memcpy(s, r, size_t(n) * sizeof(T));
+    postSend(n);
+    releaseRecv();
+  }
+  void recvReduceCopySend(size_t inOff, size_t outOff, int n) {
+    const T* r = acquireRecv(n);
+    T* s = r ? acquireSend() : nullptr;
+    if (!s) return;
+    fn_.reduce(out_ + outOff, r, in_ + inOff, size_t(n), true);
+    memcpy(s, out_ + outOff, size_t(n) * sizeof(T));
+    postSend(n);
+    releaseRecv();
+  }
+  void copySend(size_t inOff, size_t outOff, int n) {
+    T* s = acquireSend();
+    if (!s) return;
+    memcpy(s, in_ + inOff, size_t(n) * sizeof(T));
+    if (out_ + outOff != in_ + inOff) memcpy(out_ + outOff, in_ + inOff, size_t(n) * sizeof(T));
+    postSend(n);
+  }
+  void recvReduceCopy(size_t inOff, size_t outOff, int n) {
+    const T* r = acquireRecv(n);
+    if (!r) return;
+    fn_.reduce(out_ + outOff, r, in_ + inOff, size_t(n), true);
+    releaseRecv();
+  }
+  void copy(size_t inOff, size_t outOff, int n) {
+    if (w_->failed()) return;
+    fn_.preCopyPost(out_ + outOff, in_ + inOff, size_t(n));
+  }
+
+ private:
+  T* acquireSend() {
+    transport::FifoView& f = *sendTo_;
+    bool ok = w_->until(
+        [&] { return f.ctrl->head.load(std::memory_order_acquire) + transport::kSteps > f.step; },
+        f, "sending to");
+    return ok ? reinterpret_cast<T*>(f.slot(f.step)) : nullptr;
+  }
+  void postSend(int n) {
+    transport::FifoView& f = *sendTo_;
+    f.ctrl->sizes[f.step % transport::kSteps].store(uint64_t(n) * sizeof(T),
+                                                    std::memory_order_relaxed);
+    f.ctrl->tail.store(++f.step, std::memory_order_release);
+    if (f.conn->doorbell()) f.conn->doorbell()->ring();
+  }
+  const T* acquireRecv(int n) {
+    transport::FifoView& f = *recvFrom_;
+    bool ok = w_->until([&] { return f.ctrl->tail.load(std::memory_order_acquire) > f.step; }, f,
+                        "receiving from");
+    if (!ok) return nullptr;
+    uint64_t got = f.ctrl->sizes[f.step % transport::kSteps].load(std::memory_order_relaxed) &
+                   transport::kSizeMask;
+    if (got != uint64_t(n) * sizeof(T)) {
+      w_->fail(invalidUsage("rank " + std::to_string(f.peer) + " sent a slot of " +
+                            std::to_string(got) + " bytes where this rank expected " +
+                            std::to_string(uint64_t(n) * sizeof(T)) + " (" + w_->op()->what() +
+                            "): do all ranks call the same collectives with the same count, "
+                            "datatype and root?"));
+      return nullptr;
+    }
+    return reinterpret_cast<const T*>(f.slot(f.step));
+  }
+  void releaseRecv() {
+    transport::FifoView& f = *recvFrom_;
+    f.ctrl->head.store(++f.step, std::memory_order_release);
+    if (f.conn->doorbell()) f.conn->doorbell()->ring();
+  }
+
+  transport::FifoView* sendTo_;
+  transport::FifoView* recvFrom_;
+  const T* in_;
+  T* out_;
+  Fn fn_;
+  Waiter* w_;
+};
+
+}  // namespace tutti::cpu

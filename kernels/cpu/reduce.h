@@ -1,0 +1,93 @@
+// Host reduction functions: the element-wise work of the host primitives. An op is a binary
+// function (sum, prod, max, min) plus two optional scalings that NCCL's ops imply:
+//   pre  -- ncclRedOpCreatePreMulSum multiplies each rank's input by a scalar before summing;
+//   post -- ncclAvg divides the finished sum by the number of ranks.
+// Each element is widened to its accumulation type, combined, and rounded once.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cpu/types.h"
+
+namespace tutti::cpu {
+
+enum class RedFn : int { kSum, kProd, kMax, kMin };
+
+template <typename T, RedFn F>
+struct Reducer {
+  using E = Elem<T>;
+  using Acc = typename E::Acc;
+
+  bool hasPre = false;
+  Acc preScalar{};
+  bool hasPost = false;
+  Acc postDivisor{};
+
+  static Acc combine(Acc a, Acc b) {
+    if constexpr (F == RedFn::kSum) return add(a, b);
+    if constexpr (F == RedFn::kProd) return mul(a, b);
+    if constexpr (F == RedFn::kMax) return a < b ? b : a;
+    if constexpr (F == RedFn::kMin) return b < a ? b : a;
+  }
+  Acc pre(Acc v) const { return hasPre ? mul(v, preScalar) : v; }
+  Acc post(Acc v) const { return hasPost ? v / postDivisor : v; }
+
+  // dst[i] = pre(src[i])
+  void preCopy(T* dst, const T* src, size_t n) const {
+    if (!hasPre) {
+      if (dst != src) memmove(dst, src, n * sizeof(T));
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) dst[i] = E::store(pre(E::load(src[i])));
+  }
+  // dst[i] = [post](recvd[i] (op) pre(mine[i])); dst may alias either input.
+  void reduce(T* dst, const T* recvd, const T* mine, size_t n, bool withPost) const {
+    if (!hasPre && !(withPost && hasPost)) {
+      for (size_t i = 0; i < n; ++i)
+        dst[i] = E::store(combine(E::load(recvd[i]), E::load(mine[i])));
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      Acc v = combine(E::load(recvd[i]), pre(E::load(mine[i])));
+      dst[i] = E::store(withPost ? post(v) : v);
+    }
+  }
+  // A single rank's result: dst[i] = post(pre(src[i])).
+  void preCopyPost(T* dst, const T* src, size_t n) const {
+    for (size_t i = 0; i < n; ++i) dst[i] = E::store(post(pre(E::load(src[i]))));
+  }
+
+ private:
+  // Integer sums and products wrap modulo 2^bits (unsigned arithmetic, no signed overflow).
+  static Acc add(Acc a, Acc b) {
+    if constexpr (std::is_integral_v<Acc>) {
+      using U = std::make_unsigned_t<Acc>;
+      return Acc(U(a) + U(b));
+    } else {
+      return a + b;
+    }
+  }
+  static Acc mul(Acc a, Acc b) {
+    if constexpr (std::is_integral_v<Acc>) {
+      using U = std::make_unsigned_t<Acc>;
+      using W = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, U>;
+      return Acc(U(W(U(a)) * W(U(b))));
+    } else {
+      return a * b;
+    }
+  }
+};
+
+// Copy-only collectives (AllGather, Broadcast, send/recv) move bytes and never reduce.
+struct CopyOnly {
+  void preCopy(uint8_t* dst, const uint8_t* src, size_t n) const {
+    if (dst != src) memmove(dst, src, n);
+  }
+  void preCopyPost(uint8_t* dst, const uint8_t* src, size_t n) const { preCopy(dst, src, n); }
+  void reduce(uint8_t*, const uint8_t*, const uint8_t*, size_t, bool) const {}
+};
+
+}  // namespace tutti::cpu

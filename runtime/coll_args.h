@@ -1,0 +1,40 @@
+// One operation as the runtime carries it from the C API to an engine.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tutti {
+
+enum class CollKind : int {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kReduce,
+  kSend,
+  kRecv
+};
+
+// A resolved ncclRedOp_t: the binary function plus NCCL's implied scalings.
+struct RedOpSpec {
+  int fn = 0;                       // cpu::RedFn: sum, prod, max, min
+  bool pre = false;                 // ncclRedOpCreatePreMulSum: input * scalar before the sum
+  uint8_t scalar[8]{};              // the scalar, as one element of the datatype
+  const void* scalarPtr = nullptr;  // ncclScalarDevice: read when the operation runs
+  bool post = false;                // ncclAvg: divide the sum by nranks
+};
+
+struct CollArgs {
+  CollKind kind;
+  const char* name;  // the API call, for messages: "ncclAllReduce"
+  const void* send;
+  void* recv;
+  size_t count;  // elements: per rank for AllGather (send) / ReduceScatter (recv)
+  int dtype;
+  int op;  // the ncclRedOp_t as passed, -1 for non-reductions
+  RedOpSpec red;
+  int root;  // root, or peer for send/recv
+};
+
+}  // namespace tutti

@@ -1,0 +1,284 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <deque>
+#include <map>
+
+#include "kernels/cpu/ring_dispatch.h"
+#include "runtime/comm.h"
+#include "runtime/dtype.h"
+#include "runtime/env.h"
+#include "runtime/links.h"
+#include "runtime/log.h"
+#include "runtime/waiter.h"
+
+namespace tutti {
+namespace {
+
+// Below this many bytes per channel another channel costs more than it gains.
+constexpr size_t kMinChannelBytes = 256 << 10;
+constexpr int kChannelCap = 16;
+
+const char* kindName(CollKind k) {
+  switch (k) {
+    case CollKind::kAllReduce:
+      return "AllReduce";
+    case CollKind::kAllGather:
+      return "AllGather";
+    case CollKind::kReduceScatter:
+      return "ReduceScatter";
+    case CollKind::kBroadcast:
+      return "Broadcast";
+    case CollKind::kReduce:
+      return "Reduce";
+    case CollKind::kSend:
+      return "Send";
+    case CollKind::kRecv:
+      return "Recv";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
+  // Channels must agree on every rank, so the default comes from what all ranks share: the
+  // fewest hardware threads per local rank on any host, capped at 4.
+  int fit = INT_MAX;
+  for (const PeerInfo& p : comm.peers()) {
+    int local = 0;
+    for (const PeerInfo& q : comm.peers()) local += q.hostHash == p.hostHash;
+    fit = std::min(fit, std::max(1, p.cpus / std::max(1, local)));
+  }
+  maxChannels_ = static_cast<int>(
+      std::clamp<int64_t>(env::getInt("NCCL_MAX_NCHANNELS", std::min(fit, 4)), 1, kChannelCap));
+  minChannels_ =
+      static_cast<int>(std::clamp<int64_t>(env::getInt("NCCL_MIN_NCHANNELS", 1), 1, kChannelCap));
+  maxChannels_ = std::max(maxChannels_, minChannels_);
+  timeoutS_ = env::getDouble("TUTTI_TIMEOUT", 1800);
+  if (timeoutS_ <= 0) timeoutS_ = 1e9;
+  for (int c = 1; c < maxChannels_; ++c) {
+    channelWorkers_.push_back(std::make_unique<Worker>(comm.cudaDev()));
+  }
+  TUTTI_INFO(log::kInit, "rank %d: CPU engine, %d-%d channels, %zu-byte slots", comm.rank(),
+             minChannels_, maxChannels_, comm.links().slotBytes());
+}
+
+Engine::~Engine() = default;
+
+int Engine::channelsFor(size_t bytes) const {
+  size_t want = bytes / kMinChannelBytes;
+  return static_cast<int>(std::clamp<size_t>(want, size_t(minChannels_), size_t(maxChannels_)));
+}
+
+std::string Engine::describe(const CollArgs& op, uint64_t seq) const {
+  std::string s = std::string(op.name) + " seq " + std::to_string(seq) + " (" +
+                  std::to_string(op.count) + " x " + dtypeName(op.dtype);
+  if (op.op >= 0) s += std::string(", ") + redOpName(op.op);
+  if (op.kind == CollKind::kBroadcast || op.kind == CollKind::kReduce) {
+    s += ", root " + std::to_string(op.root);
+  }
+  return s + ")";
+}
+
+void Engine::runAsync(const std::vector<CollArgs>* ops, Status* out) {
+  runner_.post([this, ops, out] { *out = run(*ops); });
+}
+
+void Engine::waitAsync() { runner_.wait(); }
+
+Status Engine::run(const std::vector<CollArgs>& ops) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Code c = comm_.asyncCode();
+  if (c != Code::kOk && c != Code::kInProgress) {
+    return Status(c, "rank " + std::to_string(comm_.rank()) +
+                         ": the communicator failed earlier and cannot run more operations "
+                         "(abort it and make a new one): " +
+                         comm_.asyncMessage());
+  }
+  Status s;
+  std::vector<const CollArgs*> p2p;
+  for (const CollArgs& op : ops) {
+    if (op.kind == CollKind::kSend || op.kind == CollKind::kRecv) {
+      p2p.push_back(&op);
+      continue;
+    }
+    s = runCollective(op);
+    if (!s.ok()) break;
+  }
+  if (s.ok() && !p2p.empty()) s = runP2p(p2p);
+  if (!s.ok()) {
+    TUTTI_WARN("%s", s.message().c_str());
+    comm_.setAsyncError(s);
+    comm_.links().breakAll();  // the peers stop waiting for this rank
+  }
+  return s;
+}
+
+Status Engine::runCollective(const CollArgs& op) {
+  const int n = comm_.nranks(), r = comm_.rank();
+  const uint64_t seq = comm_.nextSeq();
+  const size_t elem = dtypeSize(op.dtype);
+  const bool bytes = cpu::movesBytes(op.kind);
+  const size_t count = op.count * (bytes ? elem : 1);  // per-rank units the algorithm sees
+  size_t total = op.count * elem;
+  if (op.kind == CollKind::kAllGather || op.kind == CollKind::kReduceScatter) total *= size_t(n);
+  const int nch = n == 1 ? 1 : channelsFor(total);
+  TUTTI_INFO(log::kColl,
+             "%s: opCount %llx sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm "
+             "%p [nranks=%d] nchannels %d",
+             kindName(op.kind), static_cast<unsigned long long>(seq), op.send,
+             static_cast<void*>(op.recv), op.count, op.dtype, op.op, op.root,
+             static_cast<void*>(&comm_), n, nch);
+
+  std::vector<transport::FifoView*> sendTo(size_t(nch), nullptr), recvFrom(size_t(nch), nullptr);
+  if (n > 1 && count > 0) {
+    const int next = (r + 1) % n, prev = (r + n - 1) % n;
+    std::vector<LinkNeed> needs;
+    for (int c = 0; c < nch; ++c) {
+      needs.push_back({next, c, true});
+      needs.push_back({prev, c, false});
+    }
+    TUTTI_TRY(comm_.links().ensure(needs).withContext("rank " + std::to_string(r) + ": " +
+                                                      describe(op, seq)));
+    for (int c = 0; c < nch; ++c) {
+      sendTo[size_t(c)] = comm_.links().send(next, c);
+      recvFrom[size_t(c)] = comm_.links().recv(prev, c);
+    }
+  }
+  OpState state(comm_, describe(op, seq), timeoutS_);
+  const size_t chunk = comm_.links().slotBytes() / (bytes ? 1 : elem);
+  // Each channel takes a contiguous share, a multiple of 64 units so shares stay aligned.
+  const size_t per = ((count + size_t(nch) - 1) / size_t(nch) + 63) / 64 * 64;
+  auto runChannel = [&](int c) {
+    size_t base = std::min(per * size_t(c), count);
+    algo::RingArgs ra{r, n, op.root, base, std::min(per, count - base), count, chunk};
+    Waiter w(&state);
+    cpu::runRingChannel(op, ra, sendTo[size_t(c)], recvFrom[size_t(c)], &w);
+  };
+  for (int c = 1; c < nch; ++c) {
+    channelWorkers_[size_t(c - 1)]->post([&runChannel, c] { runChannel(c); });
+  }
+  runChannel(0);
+  for (int c = 1; c < nch; ++c) channelWorkers_[size_t(c - 1)]->wait();
+  return state.status();
+}
+
+Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
+  const int me = comm_.rank();
+  const uint64_t seq = comm_.nextSeq();
+  struct Item {
+    const CollArgs* op;
+    size_t bytes;
+    size_t done = 0;
+  };
+  // Per peer, in issue order: the k-th send to a peer pairs with that peer's k-th receive.
+  std::map<int, std::deque<Item>> sends, recvs;
+  std::deque<Item> selfSends, selfRecvs;
+  std::vector<LinkNeed> needs;
+  for (const CollArgs* op : ops) {
+    size_t bytes = op->count * dtypeSize(op->dtype);
+    if (bytes == 0) continue;  // a zero-byte send/recv moves nothing on either side
+    bool isSend = op->kind == CollKind::kSend;
+    TUTTI_INFO(log::kP2p, "%s: opCount %llx buff %p count %zu datatype %d peer %d comm %p",
+               kindName(op->kind), static_cast<unsigned long long>(seq),
+               isSend ? op->send : static_cast<const void*>(op->recv), op->count, op->dtype,
+               op->root, static_cast<void*>(&comm_));
+    if (op->root == me) {
+      (isSend ? selfSends : selfRecvs).push_back({op, bytes});
+      continue;
+    }
+    (isSend ? sends : recvs)[op->root].push_back({op, bytes});
+    needs.push_back({op->root, 0, isSend});
+  }
+  std::string what =
+      "group of " + std::to_string(ops.size()) + " send/recv (seq " + std::to_string(seq) + ")";
+  // Sends to self meet receives from self in order; they must agree in size.
+  if (selfSends.size() != selfRecvs.size()) {
+    return invalidUsage("rank " + std::to_string(me) + ": " + what + " has " +
+                        std::to_string(selfSends.size()) + " send(s) to itself but " +
+                        std::to_string(selfRecvs.size()) + " receive(s) from itself");
+  }
+  for (size_t i = 0; i < selfSends.size(); ++i) {
+    if (selfSends[i].bytes != selfRecvs[i].bytes) {
+      return invalidUsage("rank " + std::to_string(me) + ": send to self of " +
+                          std::to_string(selfSends[i].bytes) + " bytes meets a receive of " +
+                          std::to_string(selfRecvs[i].bytes) + " bytes");
+    }
+    memmove(selfRecvs[i].op->recv, selfSends[i].op->send, selfSends[i].bytes);
+  }
+  if (needs.empty()) return Status::Ok();
+  TUTTI_TRY(comm_.links().ensure(needs).withContext("rank " + std::to_string(me) + ": " + what));
+
+  OpState state(comm_, what, timeoutS_);
+  Waiter w(&state);
+  const size_t slot = comm_.links().slotBytes();
+  for (uint32_t idle = 0;;) {
+    bool moved = false, pending = false;
+    for (auto& [peer, q] : sends) {
+      transport::FifoView& f = *comm_.links().send(peer, 0);
+      while (!q.empty() &&
+             f.ctrl->head.load(std::memory_order_acquire) + transport::kSteps > f.step) {
+        Item& it = q.front();
+        size_t n = std::min(slot, it.bytes - it.done);
+        memcpy(f.slot(f.step), static_cast<const char*>(it.op->send) + it.done, n);
+        it.done += n;
+        f.ctrl->sizes[f.step % transport::kSteps].store(
+            n | (it.done == it.bytes ? transport::kLastSlot : 0), std::memory_order_relaxed);
+        f.ctrl->tail.store(++f.step, std::memory_order_release);
+        if (f.conn->doorbell()) f.conn->doorbell()->ring();
+        moved = true;
+        if (it.done == it.bytes) q.pop_front();
+      }
+      pending |= !q.empty();
+    }
+    for (auto& [peer, q] : recvs) {
+      transport::FifoView& f = *comm_.links().recv(peer, 0);
+      while (!q.empty() && f.ctrl->tail.load(std::memory_order_acquire) > f.step) {
+        Item& it = q.front();
+        uint64_t word = f.ctrl->sizes[f.step % transport::kSteps].load(std::memory_order_relaxed);
+        size_t n = word & transport::kSizeMask;
+        bool last = word & transport::kLastSlot;
+        if (it.done + n > it.bytes || (last && it.done + n < it.bytes)) {
+          return invalidUsage("rank " + std::to_string(me) + ": rank " + std::to_string(peer) +
+                              " sent a message of " + (last ? "" : "more than ") +
+                              std::to_string(it.done + n) + " bytes to a receive of " +
+                              std::to_string(it.bytes) + " bytes (" + what + ")");
+        }
+        memcpy(static_cast<char*>(it.op->recv) + it.done, f.slot(f.step), n);
+        it.done += n;
+        f.ctrl->head.store(++f.step, std::memory_order_release);
+        if (f.conn->doorbell()) f.conn->doorbell()->ring();
+        moved = true;
+        if (it.done == it.bytes) q.pop_front();
+      }
+      pending |= !q.empty();
+    }
+    if (!pending) return Status::Ok();
+    if (moved) {
+      idle = 0;
+      continue;
+    }
+    ++idle;
+    if (idle < 64) continue;
+    if (idle < 4096) {
+      sched_yield();
+    } else {
+      timespec ts{0, 50 * 1000};
+      nanosleep(&ts, nullptr);
+    }
+    if ((idle & 31) != 0) continue;
+    for (auto& [peer, q] : sends) {
+      if (!q.empty() && !w.check(*comm_.links().send(peer, 0), "sending to")) return state.status();
+    }
+    for (auto& [peer, q] : recvs) {
+      if (!q.empty() && !w.check(*comm_.links().recv(peer, 0), "receiving from")) {
+        return state.status();
+      }
+    }
+  }
+}
+
+}  // namespace tutti

@@ -1,0 +1,50 @@
+// The CPU engine: runs a communicator's operations on host buffers to completion. Ring
+// collectives are split across channels; channel 0 runs on the calling thread (so a small
+// collective costs no thread hand-off) and the others on the communicator's channel workers.
+// Point-to-point operations of one group progress together, non-blocking, so that any mix of
+// sends and receives completes whatever order the ranks issued them in.
+#pragma once
+
+#include <future>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "runtime/coll_args.h"
+#include "runtime/status.h"
+#include "runtime/workers.h"
+
+namespace tutti {
+
+class Comm;
+class OpState;
+
+class Engine {
+ public:
+  explicit Engine(Comm& comm);
+  ~Engine();
+
+  // One group's operations for this communicator, in the order they were issued.
+  Status run(const std::vector<CollArgs>& ops);
+  // run() on this communicator's runner thread; wait with waitAsync().
+  void runAsync(const std::vector<CollArgs>* ops, Status* out);
+  void waitAsync();
+
+  int maxChannels() const { return maxChannels_; }
+  // Channels an operation of this many bytes uses (the same on every rank).
+  int channelsFor(size_t bytes) const;
+
+ private:
+  Status runCollective(const CollArgs& op);
+  Status runP2p(const std::vector<const CollArgs*>& ops);
+  std::string describe(const CollArgs& op, uint64_t seq) const;
+
+  Comm& comm_;
+  int minChannels_, maxChannels_;
+  double timeoutS_;
+  std::mutex mu_;  // one group at a time per communicator
+  std::vector<std::unique_ptr<Worker>> channelWorkers_;
+  Worker runner_;
+};
+
+}  // namespace tutti

@@ -1,0 +1,116 @@
+#include "runtime/links.h"
+
+#include <algorithm>
+
+#include "runtime/comm.h"
+#include "runtime/env.h"
+#include "runtime/log.h"
+
+namespace tutti {
+namespace {
+
+// Bootstrap tags for link setup: one per (channel, direction of the link), unique per pair.
+constexpr uint32_t kLinkTag = 0x4c000000u;
+
+size_t slotBytesFromEnv() {
+  // NCCL_BUFFSIZE is the whole FIFO (kSteps slots). tutti's default is 1 MiB, not NCCL's
+  // 4 MiB: host slots are copied by CPU cores, for which smaller pieces pipeline better.
+  int64_t buff = env::getInt("NCCL_BUFFSIZE", 1 << 20);
+  buff = std::clamp<int64_t>(buff, transport::kSteps * 64, int64_t(1) << 32);
+  return static_cast<size_t>(buff / transport::kSteps) / 64 * 64;
+}
+
+}  // namespace
+
+Links::Links(Comm& comm)
+    : comm_(comm),
+      slotBytes_(slotBytesFromEnv()),
+      shmDisabled_(env::getBool("NCCL_SHM_DISABLE", false)),
+      netName_(env::getString("NCCL_NET").value_or("Socket")) {}
+
+Links::~Links() {
+  // After an abort nothing is owed to anyone; otherwise the last sends must reach the wire.
+  if (net_ && !comm_.aborted()) net_->flush(30);
+  if (net_) net_->shutdown();  // stop the proxy before the connections it drives are freed
+  if (shm_) shm_->shutdown();
+  conns_.clear();
+}
+
+Result<transport::Transport*> Links::transportFor(int peer) {
+  const PeerInfo& me = comm_.peers()[static_cast<size_t>(comm_.rank())];
+  const PeerInfo& p = comm_.peers()[static_cast<size_t>(peer)];
+  if (!shmDisabled_) {
+    if (!shm_) shm_ = transport::makeShmTransport(comm_);
+    if (shm_->canConnect(me, p)) return shm_.get();
+  }
+  std::string lower = netName_;
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  if (lower != "socket") {
+    return invalidUsage("NCCL_NET=" + netName_ +
+                        ": no such network transport in this tutti build "
+                        "(available: Socket)");
+  }
+  if (!net_) net_ = transport::makeTcpTransport(comm_);
+  return net_.get();
+}
+
+Status Links::ensure(const std::vector<LinkNeed>& needs) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<LinkNeed> todo;
+  for (const LinkNeed& n : needs) {
+    if (!conns_.count(n) && std::find_if(todo.begin(), todo.end(), [&](const LinkNeed& t) {
+                              return !(t < n) && !(n < t);
+                            }) == todo.end()) {
+      todo.push_back(n);
+    }
+  }
+  if (todo.empty()) return Status::Ok();
+  Bootstrap* b = comm_.bootstrap();
+  auto tagOf = [](int channel) { return kLinkTag | static_cast<uint32_t>(channel); };
+  std::vector<std::pair<LinkNeed, transport::Transport*>> recvs, sends;
+  for (const LinkNeed& n : todo) {
+    TUTTI_ASSIGN(t, transportFor(n.peer));
+    (n.send ? sends : recvs).push_back({n, t});
+  }
+  // Receivers create and describe their FIFOs first; sending a descriptor never waits for
+  // the peer, so no rank can block another here whatever order the links come in.
+  std::vector<std::pair<LinkNeed, transport::Connection*>> made;
+  for (auto& [n, t] : recvs) {
+    transport::Descriptor d{};
+    TUTTI_ASSIGN(c, t->setupRecv({n.peer, n.channel, slotBytes_}, &d));
+    transport::Connection* raw = c.get();
+    conns_[n] = std::move(c);
+    made.push_back({n, raw});
+    TUTTI_TRY(b->send(n.peer, tagOf(n.channel), &d, sizeof(d)).withContext("link setup"));
+  }
+  for (auto& [n, t] : sends) {
+    transport::Descriptor d{};
+    TUTTI_TRY(b->recv(n.peer, tagOf(n.channel), &d, sizeof(d))
+                  .withContext("link setup: waiting for rank " + std::to_string(n.peer)));
+    TUTTI_ASSIGN(c, t->connectSend({n.peer, n.channel, slotBytes_}, d));
+    TUTTI_INFO(log::kInit, "rank %d -> rank %d channel %d via %s", comm_.rank(), n.peer, n.channel,
+               t->name());
+    conns_[n] = std::move(c);
+  }
+  for (auto& [n, c] : made) TUTTI_TRY(c->finish());
+  return Status::Ok();
+}
+
+transport::FifoView* Links::send(int peer, int channel) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = conns_.find({peer, channel, true});
+  return it == conns_.end() ? nullptr : &it->second->fifo();
+}
+
+transport::FifoView* Links::recv(int peer, int channel) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = conns_.find({peer, channel, false});
+  return it == conns_.end() ? nullptr : &it->second->fifo();
+}
+
+void Links::breakAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [n, c] : conns_) c->breakLink();
+}
+
+}  // namespace tutti

@@ -1,0 +1,57 @@
+// A communicator's connections: for each (peer, channel, direction) at most one, made the
+// first time an operation needs it (the way NCCL connects at run time) over the transport
+// the pair of ranks can use first: shm on one host, tcp otherwise. NCCL_SHM_DISABLE=1 makes
+// local pairs use tcp; NCCL_NET picks the network transport (Socket is the one built in).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "runtime/status.h"
+#include "transports/transport.h"
+
+namespace tutti {
+
+class Comm;
+
+struct LinkNeed {
+  int peer;
+  int channel;
+  bool send;  // false: receive from peer
+  bool operator<(const LinkNeed& o) const {
+    return std::tie(peer, channel, send) < std::tie(o.peer, o.channel, o.send);
+  }
+};
+
+class Links {
+ public:
+  explicit Links(Comm& comm);
+  ~Links();
+
+  // Makes every link in `needs` that does not exist yet. Every rank at the other end of a
+  // new link must be inside a matching ensure() at the same time (the same collective, or
+  // the matching send/recv).
+  Status ensure(const std::vector<LinkNeed>& needs);
+  transport::FifoView* send(int peer, int channel);
+  transport::FifoView* recv(int peer, int channel);
+  // Tells every peer that this rank has left (after a failure or an abort).
+  void breakAll();
+  size_t slotBytes() const { return slotBytes_; }
+  // The transport that reaches peer, or an error naming what is missing.
+  Result<transport::Transport*> transportFor(int peer);
+
+ private:
+  Comm& comm_;
+  size_t slotBytes_;
+  bool shmDisabled_;
+  std::string netName_;
+  std::unique_ptr<transport::Transport> shm_, net_;
+  std::mutex mu_;
+  std::map<LinkNeed, std::unique_ptr<transport::Connection>> conns_;
+};
+
+}  // namespace tutti

@@ -1,0 +1,62 @@
+#include "runtime/waiter.h"
+
+#include <time.h>
+
+#include "runtime/comm.h"
+
+namespace tutti {
+
+OpState::OpState(const Comm& comm, std::string what, double timeoutS)
+    : comm_(comm), what_(std::move(what)), timeoutS_(timeoutS) {
+  deadline_ = std::chrono::steady_clock::now() +
+              std::chrono::microseconds(static_cast<int64_t>(timeoutS * 1e6));
+}
+
+void OpState::fail(const Status& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_.load()) return;
+  first_ = s;
+  failed_.store(true, std::memory_order_release);
+}
+
+Status OpState::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return first_;
+}
+
+void Waiter::nap() {
+  timespec ts{0, 50 * 1000};
+  nanosleep(&ts, nullptr);
+}
+
+bool Waiter::check(const transport::FifoView& f, const char* dir) {
+  if (op_->failed()) return false;
+  const Comm& comm = op_->comm();
+  std::string where = "rank " + std::to_string(comm.rank()) + ": " + op_->what() + ", " + dir +
+                      " rank " + std::to_string(f.peer) + " (channel " + std::to_string(f.channel) +
+                      ")";
+  if (comm.aborted()) {
+    op_->fail(internalError(where + ": the communicator was aborted (ncclCommAbort)"));
+    return false;
+  }
+  auto now = std::chrono::steady_clock::now();
+  if (now >= nextHealth_) {
+    nextHealth_ = now + std::chrono::milliseconds(50);
+    if (f.conn) {
+      Status h = f.conn->health();
+      if (!h.ok()) {
+        op_->fail(Status(h.code(), where + ": " + h.message()));
+        return false;
+      }
+    }
+  }
+  if (now >= op_->deadline()) {
+    op_->fail(timeoutError(where + ": no progress within " + std::to_string(int(op_->timeoutS())) +
+                           " s (TUTTI_TIMEOUT); rank " + std::to_string(f.peer) +
+                           " has not reached this operation"));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace tutti

@@ -1,0 +1,75 @@
+// How the CPU engine waits on a FIFO counter: spin briefly, then yield, then sleep in short
+// naps; and every so often check what could make the wait endless -- ncclCommAbort, a failed
+// or vanished peer, another channel of the same operation failing, the deadline. The first
+// failure is kept (with the rank, operation and peer in its message) and every later wait of
+// the operation returns at once, so an algorithm loop runs to its end without blocking.
+#pragma once
+
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+
+#include "runtime/status.h"
+#include "transports/transport.h"
+
+namespace tutti {
+
+class Comm;
+
+// Shared by the channels of one operation.
+class OpState {
+ public:
+  OpState(const Comm& comm, std::string what, double timeoutS);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  void fail(const Status& s);
+  Status status() const;
+  const Comm& comm() const { return comm_; }
+  const std::string& what() const { return what_; }
+  std::chrono::steady_clock::time_point deadline() const { return deadline_; }
+  double timeoutS() const { return timeoutS_; }
+
+ private:
+  const Comm& comm_;
+  std::string what_;  // "ncclAllReduce seq 4 (1024 x float, sum)"
+  double timeoutS_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::atomic<bool> failed_{false};
+  mutable std::mutex mu_;
+  Status first_;
+};
+
+class Waiter {
+ public:
+  explicit Waiter(OpState* op) : op_(op) {}
+
+  // Waits until ready() holds; false when the operation failed instead.
+  template <class Ready>
+  bool until(Ready ready, const transport::FifoView& f, const char* dir) {
+    if (op_->failed()) return false;
+    for (uint32_t i = 0;; ++i) {
+      if (ready()) return true;
+      if (i < 64) continue;
+      if (i < 4096) {
+        sched_yield();
+      } else {
+        nap();
+      }
+      if ((i & 31) == 0 && !check(f, dir)) return false;
+    }
+  }
+  // Re-checks the abort flag, the peer and the deadline now; false when it failed.
+  bool check(const transport::FifoView& f, const char* dir);
+  bool failed() const { return op_->failed(); }
+  void fail(const Status& s) { op_->fail(s); }
+  OpState* op() const { return op_; }
+
+ private:
+  static void nap();
+  OpState* op_;
+  std::chrono::steady_clock::time_point nextHealth_{};
+};
+
+}  // namespace tutti

@@ -1,0 +1,57 @@
+// The correctness matrix of DESIGN.md: every collective over counts {0, 1, odd, larger than
+// the FIFO, not divisible by nranks}, every datatype and op, in- and out-of-place, every
+// root. Each rank runs the same list of cases and checks its own output against an oracle
+// computed here from every rank's input (exact for integers; in double for floats, with
+// inputs chosen so that sums, products and extremes are exact in every float format, so only
+// ncclAvg's single final rounding needs a tolerance). Output buffers are poisoned before
+// every call, so a result that was never written cannot pass.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "nccl.h"
+
+namespace tutti::test {
+
+enum class TestColl {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kReduce,
+  kAlltoAll,
+  kGather,
+  kScatter,
+  kSendRecv
+};
+constexpr int kNumTestColls = 9;
+// Ops beyond the built-in five: ncclRedOpCreatePreMulSum with a host or a device scalar.
+constexpr int kPreMulHost = 100;
+constexpr int kPreMulDevice = 101;
+
+struct Case {
+  TestColl coll;
+  int dtype;
+  int op;  // ncclRedOp_t, kPreMulHost, kPreMulDevice; ignored by non-reductions
+  size_t count;
+  bool inPlace;
+  int root;
+  std::string name() const;
+};
+
+const char* collName(TestColl c);
+// Counts to cover: 0, 1, odd, bigger than the FIFO (NCCL_BUFFSIZE bytes of int8), and one not
+// divisible by nranks.
+std::vector<size_t> matrixCounts(size_t fifoBytes);
+// A list that hits every value of every axis for nranks: every reduction with every dtype x
+// op, every collective with every count and in-place mode, every root.
+std::vector<Case> matrixCases(int nranks, size_t fifoBytes);
+
+// Runs one case on this rank; "" when the output is right, else what is wrong.
+std::string runCase(ncclComm_t comm, int rank, int nranks, const Case& c);
+// Runs every case; the failures, at most `maxReport` of them.
+std::vector<std::string> runCases(ncclComm_t comm, int rank, int nranks,
+                                  const std::vector<Case>& cases, size_t maxReport = 10);
+
+}  // namespace tutti::test

@@ -1,0 +1,130 @@
+// What happens when things go wrong in the middle of a collective: a peer process killed, an
+// abort from another thread, garbage on an established tcp connection. Every case must end
+// in an error that names the peer, promptly, and leave nothing in /dev/shm.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness/harness.h"
+#include "runtime/comm.h"
+#include "runtime/links.h"
+
+using namespace tutti::test;
+
+namespace {
+
+std::string rankBin() { return TUTTI_TEST_RANK_BIN; }
+
+// Three rank processes loop on AllReduce; once all run, rank 1 is killed with SIGKILL.
+std::string killScript(const char* extraEnv) {
+  return std::string("export ") + extraEnv +
+         " WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=0 TUTTI_TIMEOUT=60 "
+         "TUTTI_PORT=$(python3 -c 'import socket; s=socket.socket(); "
+         "s.bind((\"127.0.0.1\",0)); print(s.getsockname()[1])'); "
+         "d=$(mktemp -d); "
+         "for r in 0 1 2; do RANK=$r " +
+         rankBin() +
+         " loop >$d/$r.log 2>&1 & eval p$r=$!; done; "
+         "for i in $(seq 300); do [ $(cat $d/*.log | grep -c running) = 3 ] && break; sleep 0.1; "
+         "done; "
+         "start=$(date +%s.%N); kill -9 $p1; "
+         "wait $p0; a=$?; wait $p2; b=$?; end=$(date +%s.%N); "
+         "cat $d/0.log $d/2.log; echo codes $a $b; "
+         "echo seconds $(python3 -c \"print($end - $start)\"); "
+         "echo leftover $(ls /dev/shm | grep -E \"^tutti-($p0|$p1|$p2)-\" | wc -l); rm -rf $d";
+}
+
+void expectSurvivorsSawTheDeath(const RunResult& r) {
+  EXPECT_NE(r.output.find("codes 0 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("survivor: remote process exited or there was a network error"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("leftover 0"), std::string::npos) << r.output;
+  size_t at = r.output.find("seconds ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_LT(std::stod(r.output.substr(at + 8)), 20.0) << r.output;
+}
+
+}  // namespace
+
+TEST(Faults, KilledPeerOverShmGivesRemoteError) {
+  RunResult r = runShell(killScript("NCCL_SHM_DISABLE=0"));
+  expectSurvivorsSawTheDeath(r);
+  // The rank next to the dead one names it.
+  EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
+}
+
+TEST(Faults, KilledPeerOverTcpGivesRemoteError) {
+  RunResult r = runShell(killScript("NCCL_SHM_DISABLE=1"));
+  expectSurvivorsSawTheDeath(r);
+  EXPECT_NE(r.output.find("tcp: rank 1"), std::string::npos) << r.output;
+}
+
+// One AllReduce on both ranks connects them; then rank 0 enters a second one alone.
+class AbortTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(AbortTest, AbortFromAnotherThreadUnblocksACollective) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", std::string(GetParam()) == "tcp" ? "1" : nullptr);
+  std::vector<ncclComm_t> comms = initThreads(2);
+  std::vector<float> a(4096, 1), b(4096, 1);
+  onThreads(2, [&](int r) {
+    EXPECT_EQ(ncclAllReduce((r ? b : a).data(), (r ? b : a).data(), 4096, ncclFloat, ncclSum,
+                            comms[size_t(r)], nullptr),
+              ncclSuccess);
+  });
+  auto stuck = std::async(std::launch::async, [&] {
+    return ncclAllReduce(a.data(), a.data(), 4096, ncclFloat, ncclSum, comms[0], nullptr);
+  });
+  EXPECT_EQ(stuck.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  double t0 = now();
+  EXPECT_EQ(ncclCommAbort(comms[0]), ncclSuccess);
+  EXPECT_LT(secondsSince(t0), 1.0);
+  ASSERT_EQ(stuck.wait_for(std::chrono::seconds(1)), std::future_status::ready);
+  EXPECT_NE(stuck.get(), ncclSuccess);
+  // The aborted rank told its peer: rank 1's next collective fails at once instead of hanging.
+  t0 = now();
+  EXPECT_EQ(ncclAllReduce(b.data(), b.data(), 4096, ncclFloat, ncclSum, comms[1], nullptr),
+            ncclRemoteError);
+  EXPECT_LT(secondsSince(t0), 5.0);
+  EXPECT_NE(std::string(ncclGetLastError(comms[1])).find("rank 0"), std::string::npos)
+      << ncclGetLastError(comms[1]);
+  ncclResult_t async;
+  EXPECT_EQ(ncclCommGetAsyncError(comms[1], &async), ncclSuccess);
+  EXPECT_EQ(async, ncclRemoteError);
+  EXPECT_EQ(ncclCommAbort(comms[1]), ncclSuccess);
+}
+INSTANTIATE_TEST_SUITE_P(Transports, AbortTest, ::testing::Values("shm", "tcp"));
+
+TEST(Faults, GarbageOnATcpConnectionIsARemoteError) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "1");
+  std::vector<ncclComm_t> comms = initThreads(2);
+  std::vector<std::vector<int>> bufs(2, std::vector<int>(1000, 1));
+  auto allReduce = [&](int r) {
+    return ncclAllReduce(bufs[size_t(r)].data(), bufs[size_t(r)].data(), 1000, ncclInt32, ncclSum,
+                         comms[size_t(r)], nullptr);
+  };
+  onThreads(2, [&](int r) { EXPECT_EQ(allReduce(r), ncclSuccess); });
+  // Bytes that are not a slot header, written into rank 0's data socket towards rank 1.
+  auto* c0 = reinterpret_cast<tutti::Comm*>(comms[0]);
+  int fd = c0->links().send(1, 0)->conn->rawSocket();
+  ASSERT_GE(fd, 0);
+  const char garbage[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(send(fd, garbage, sizeof(garbage), MSG_NOSIGNAL), ssize_t(sizeof(garbage)));
+  std::vector<ncclResult_t> results(2);
+  double t0 = now();
+  onThreads(2, [&](int r) { results[size_t(r)] = allReduce(r); });
+  EXPECT_LT(secondsSince(t0), 10.0);
+  EXPECT_EQ(results[1], ncclRemoteError);
+  std::string msg = ncclGetLastError(comms[1]);
+  EXPECT_NE(msg.find("malformed"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+  // Rank 0 hears of it too (rank 1 closed its connections), rather than waiting forever.
+  EXPECT_EQ(results[0], ncclRemoteError) << ncclGetLastError(comms[0]);
+  for (ncclComm_t c : comms) ncclCommAbort(c);
+}

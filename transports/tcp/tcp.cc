@@ -1,0 +1,506 @@
+// tcp: any two ranks that can reach each other over IP. Each side keeps its FIFO in its own
+// memory; the communicator's proxy thread moves filled slots from the sender's FIFO onto the
+// wire and from the wire into the receiver's FIFO. A connection uses several sockets
+// (NCCL_NSOCKS_PERTHREAD, default 2): slot k travels on socket k % nsocks, so consecutive
+// slots stream in parallel while each socket stays in order. Every slot is framed by a
+// header (magic, step, size) that the receiver checks before it trusts the payload.
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "runtime/acceptor.h"
+#include "runtime/comm.h"
+#include "runtime/env.h"
+#include "runtime/log.h"
+#include "transports/transport.h"
+
+namespace tutti::transport {
+namespace {
+
+constexpr uint32_t kSlotMagic = 0x544c5354;  // "TSLT"
+
+struct TcpDesc {
+  wire::Addr addr;
+  uint64_t connId;
+  uint64_t slotBytes;
+  uint32_t nsocks;
+};
+static_assert(sizeof(TcpDesc) <= sizeof(Descriptor));
+
+struct SlotHeader {
+  uint32_t magic;
+  uint32_t step;  // low 32 bits of the step
+  uint64_t sizeWord;
+};
+
+struct SockState {
+  net::Socket sock;
+  uint64_t next;    // the next step this socket carries (steps congruent to its index)
+  size_t done = 0;  // bytes of header + payload moved for `next`
+  SlotHeader hdr{};
+  bool closed = false;
+};
+
+class TcpConnection : public Connection {
+ public:
+  TcpConnection(const ConnSpec& spec, bool sending, Doorbell* bell, std::string peerName)
+      : sending_(sending), peerName_(std::move(peerName)) {
+    bytes_ = (sizeof(FifoCtrl) + kSteps * spec.slotBytes + 63) / 64 * 64;
+    mem_ = static_cast<char*>(aligned_alloc(64, bytes_));
+    auto* ctrl = new (mem_) FifoCtrl();
+    ctrl->tail.store(0);
+    ctrl->head.store(0);
+    for (auto& s : ctrl->sizes) s.store(0);
+    ctrl->broken.store(0);
+    fifo_.ctrl = ctrl;
+    fifo_.slots = mem_ + sizeof(FifoCtrl);
+    fifo_.slotBytes = spec.slotBytes;
+    fifo_.peer = spec.peer;
+    fifo_.channel = spec.channel;
+    fifo_.conn = this;
+    bell_ = bell;
+  }
+  ~TcpConnection() override { free(mem_); }
+
+  void adopt(std::vector<net::Socket> socks) {
+    eof_.reset(new std::atomic<bool>[socks.size()]);
+    for (size_t i = 0; i < socks.size(); ++i) eof_[i].store(false);
+    for (size_t i = 0; i < socks.size(); ++i) {
+      SockState st;
+      st.sock = std::move(socks[i]);
+      st.next = i;
+      socks_.push_back(std::move(st));
+    }
+  }
+
+  Status health() const override {
+    if (failed_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      return remoteError(failure_);
+    }
+    // A peer that finished and left closes its sockets: only an error if the step we wait
+    // for would have come on a socket that has already ended.
+    if (!sending_ && !socks_.empty()) {
+      uint64_t want = fifo_.ctrl->tail.load(std::memory_order_acquire);
+      if (eof_[want % socks_.size()].load(std::memory_order_acquire)) {
+        return remoteError("tcp: " + peerName_ + " closed the connection");
+      }
+    }
+    return Status::Ok();
+  }
+  void breakLink() override {
+    Connection::breakLink();
+    for (auto& s : socks_) shutdown(s.sock.fd(), SHUT_RDWR);  // the peer sees EOF at once
+  }
+  const char* transportName() const override { return "tcp"; }
+  int rawSocket() const override { return socks_.empty() ? -1 : socks_[0].sock.fd(); }
+  Status finish() override { return finisher_ ? finisher_() : Status::Ok(); }
+  void setFinisher(std::function<Status()> f) { finisher_ = std::move(f); }
+
+  // One non-blocking pass; true when any byte moved.
+  bool progress() {
+    if (failed_.load(std::memory_order_relaxed)) return false;
+    bool moved = false;
+    for (size_t i = 0; i < socks_.size(); ++i) {
+      moved |= sending_ ? progressSend(socks_[i]) : progressRecv(socks_[i], i);
+    }
+    uint64_t low = UINT64_MAX;
+    for (auto& s : socks_) low = std::min(low, s.next);
+    if (sending_) {
+      if (low > fifo_.ctrl->head.load(std::memory_order_relaxed))
+        fifo_.ctrl->head.store(low, std::memory_order_release);
+    } else if (low > fifo_.ctrl->tail.load(std::memory_order_relaxed)) {
+      fifo_.ctrl->tail.store(low, std::memory_order_release);
+    }
+    return moved;
+  }
+
+  // Everything the engine posted has been written to the sockets (or the link failed).
+  bool drained() const {
+    return !sending_ || failed_.load(std::memory_order_acquire) ||
+           fifo_.ctrl->head.load(std::memory_order_acquire) >=
+               fifo_.ctrl->tail.load(std::memory_order_acquire);
+  }
+
+  // The events each socket waits for now (0: nothing to do until the engine moves).
+  void pollEvents(std::vector<pollfd>* fds) const {
+    if (failed_.load(std::memory_order_relaxed)) return;
+    for (auto& s : socks_) {
+      if (s.closed) continue;
+      if (sending_ && s.next < fifo_.ctrl->tail.load(std::memory_order_acquire)) {
+        fds->push_back({s.sock.fd(), POLLOUT, 0});
+      } else if (!sending_ && s.next < fifo_.ctrl->head.load(std::memory_order_acquire) + kSteps) {
+        fds->push_back({s.sock.fd(), POLLIN, 0});
+      }
+    }
+  }
+
+ private:
+  bool progressSend(SockState& s) {
+    bool moved = false;
+    while (s.next < fifo_.ctrl->tail.load(std::memory_order_acquire)) {
+      if (s.done == 0) {
+        s.hdr = {kSlotMagic, static_cast<uint32_t>(s.next),
+                 fifo_.ctrl->sizes[s.next % kSteps].load(std::memory_order_relaxed)};
+      }
+      size_t payload = s.hdr.sizeWord & kSizeMask;
+      size_t total = sizeof(SlotHeader) + payload;
+      iovec iov[2];
+      int n = 0;
+      if (s.done < sizeof(SlotHeader)) {
+        iov[n++] = {reinterpret_cast<char*>(&s.hdr) + s.done, sizeof(SlotHeader) - s.done};
+        if (payload) iov[n++] = {fifo_.slot(s.next), payload};
+      } else {
+        iov[n++] = {fifo_.slot(s.next) + (s.done - sizeof(SlotHeader)), total - s.done};
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(n);
+      ssize_t w = sendmsg(s.sock.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
+        fail(std::string("sending to ") + peerName_ + " failed: " + strerror(errno));
+        return moved;
+      }
+      moved = true;
+      s.done += static_cast<size_t>(w);
+      if (s.done == total) {
+        s.done = 0;
+        s.next += socks_.size();
+      }
+    }
+    return moved;
+  }
+
+  bool progressRecv(SockState& s, size_t index) {
+    bool moved = false;
+    while (!s.closed && s.next < fifo_.ctrl->head.load(std::memory_order_acquire) + kSteps) {
+      char* dst;
+      size_t want;
+      if (s.done < sizeof(SlotHeader)) {
+        dst = reinterpret_cast<char*>(&s.hdr) + s.done;
+        want = sizeof(SlotHeader) - s.done;
+      } else {
+        dst = fifo_.slot(s.next) + (s.done - sizeof(SlotHeader));
+        want = sizeof(SlotHeader) + (s.hdr.sizeWord & kSizeMask) - s.done;
+      }
+      ssize_t r = want ? recv(s.sock.fd(), dst, want, MSG_DONTWAIT) : 0;
+      if (want && r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
+        fail(std::string("receiving from ") + peerName_ + " failed: " + strerror(errno));
+        return moved;
+      }
+      if (want && r == 0) {
+        // The peer closed. Not an error by itself (it may have finished and left), but a
+        // wait for more data from this socket now fails instead of hanging (health()).
+        s.closed = true;
+        eof_[index].store(true, std::memory_order_release);
+        TUTTI_INFO(log::kNet, "tcp: %s closed a connection", peerName_.c_str());
+        return moved;
+      }
+      moved = true;
+      s.done += static_cast<size_t>(r);
+      if (s.done == sizeof(SlotHeader)) {
+        size_t size = s.hdr.sizeWord & kSizeMask;
+        if (s.hdr.magic != kSlotMagic || s.hdr.step != static_cast<uint32_t>(s.next) ||
+            size > fifo_.slotBytes || (s.hdr.sizeWord & ~(kSizeMask | kLastSlot))) {
+          char buf[160];
+          snprintf(buf, sizeof(buf),
+                   " sent malformed data (slot header magic 0x%08x step %u size word 0x%llx, "
+                   "expected step %u)",
+                   s.hdr.magic, s.hdr.step, static_cast<unsigned long long>(s.hdr.sizeWord),
+                   static_cast<uint32_t>(s.next));
+          fail(peerName_ + buf);
+          shutdown(s.sock.fd(), SHUT_RDWR);
+          return moved;
+        }
+      }
+      if (s.done >= sizeof(SlotHeader) &&
+          s.done == sizeof(SlotHeader) + (s.hdr.sizeWord & kSizeMask)) {
+        fifo_.ctrl->sizes[s.next % kSteps].store(s.hdr.sizeWord, std::memory_order_relaxed);
+        s.done = 0;
+        s.next += socks_.size();
+      }
+    }
+    return moved;
+  }
+
+  void fail(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.load()) return;
+    failure_ = "tcp: " + why;
+    failed_.store(true, std::memory_order_release);
+    TUTTI_INFO(log::kNet, "%s", failure_.c_str());
+  }
+
+  bool sending_;
+  std::string peerName_;
+  char* mem_ = nullptr;
+  size_t bytes_ = 0;
+  std::vector<SockState> socks_;
+  std::unique_ptr<std::atomic<bool>[]> eof_;
+  std::atomic<bool> failed_{false};
+  mutable std::mutex mu_;
+  std::string failure_;
+  std::function<Status()> finisher_;
+};
+
+class TcpTransport : public Transport, public Doorbell {
+ public:
+  explicit TcpTransport(Comm& comm) : comm_(comm) {
+    nsocks_ = static_cast<int>(std::clamp<int64_t>(env::getInt("NCCL_NSOCKS_PERTHREAD", 2), 1, 16));
+  }
+  ~TcpTransport() override { shutdown(); }
+
+  const char* name() const override { return "tcp"; }
+  bool canConnect(const PeerInfo&, const PeerInfo&) const override { return true; }
+
+  Result<std::unique_ptr<Connection>> setupRecv(const ConnSpec& spec, Descriptor* out) override {
+    TUTTI_TRY(ensureListener());
+    TcpDesc d{};
+    d.addr = wire::fromSockAddr(listenAddr_);
+    d.connId = nextConnId_++;
+    d.slotBytes = spec.slotBytes;
+    d.nsocks = static_cast<uint32_t>(nsocks_);
+    memcpy(out->bytes, &d, sizeof(d));
+    auto conn = std::make_unique<TcpConnection>(spec, false, this, peerName(spec.peer));
+    pendingRecv_.push_back({conn.get(), d.connId, spec.peer});
+    TcpConnection* c = conn.get();
+    conn->setFinisher([this, c] { return finishRecv(c); });
+    return std::unique_ptr<Connection>(std::move(conn));
+  }
+
+  // Receiver: accept the sender's sockets for each connection set up since the last call.
+  Status finishRecv(TcpConnection* conn) {
+    auto it = std::find_if(pendingRecv_.begin(), pendingRecv_.end(),
+                           [&](const PendingRecv& p) { return p.conn == conn; });
+    if (it == pendingRecv_.end()) return Status::Ok();
+    PendingRecv want = *it;
+    pendingRecv_.erase(it);
+    std::vector<net::Socket> socks(static_cast<size_t>(nsocks_));
+    int have = 0;
+    net::Deadline deadline = net::deadlineAfter(comm_.bootstrap()->timeoutSeconds());
+    while (have < nsocks_) {
+      for (auto a = accepted_.begin(); a != accepted_.end();) {
+        const wire::Hello& h = a->hello;
+        if (h.size == want.connId && h.rank == want.peer && h.tag < uint32_t(nsocks_) &&
+            !socks[h.tag].valid()) {
+          socks[h.tag] = std::move(a->socket);
+          ++have;
+          a = accepted_.erase(a);
+        } else {
+          ++a;
+        }
+      }
+      if (have == nsocks_) break;
+      Result<Acceptor::Accepted> a = acceptor_->next(deadline, comm_.abortFlag());
+      if (!a.ok()) {
+        return a.status().withContext("tcp: waiting for " + peerName(want.peer) +
+                                      " to connect (channel " +
+                                      std::to_string(conn->fifo().channel) + ")");
+      }
+      if (a.value().hello.kind != static_cast<uint32_t>(wire::HelloKind::kData)) {
+        TUTTI_WARN("rank %d: tcp listener dropped a connection of kind %u from rank %d",
+                   comm_.rank(), a.value().hello.kind, a.value().hello.rank);
+        continue;
+      }
+      accepted_.push_back(std::move(a.value()));
+    }
+    conn->adopt(std::move(socks));
+    addToProxy(conn);
+    return Status::Ok();
+  }
+
+  Result<std::unique_ptr<Connection>> connectSend(const ConnSpec& spec,
+                                                  const Descriptor& in) override {
+    TcpDesc d;
+    memcpy(&d, in.bytes, sizeof(d));
+    if (d.slotBytes != spec.slotBytes) {
+      return invalidUsage("tcp: rank " + std::to_string(spec.peer) + " uses a slot size of " +
+                          std::to_string(d.slotBytes) + " bytes, this rank " +
+                          std::to_string(spec.slotBytes) + " (NCCL_BUFFSIZE must match)");
+    }
+    if (d.nsocks < 1 || d.nsocks > 16) return internalError("tcp: bad socket count from peer");
+    net::SockAddr addr = wire::toSockAddr(d.addr);
+    net::Deadline deadline = net::deadlineAfter(comm_.bootstrap()->timeoutSeconds());
+    std::vector<net::Socket> socks;
+    for (uint32_t i = 0; i < d.nsocks; ++i) {
+      Result<net::Socket> s = net::Socket::connect(addr, deadline, comm_.abortFlag());
+      if (!s.ok()) {
+        return s.status().withContext("tcp: connecting to " + peerName(spec.peer) + " at " +
+                                      addr.toString());
+      }
+      wire::Hello h{};
+      h.magic = wire::kHelloMagic;
+      h.secret = comm_.bootstrap()->secret();
+      h.kind = static_cast<uint32_t>(wire::HelloKind::kData);
+      h.rank = comm_.rank();
+      h.nranks = static_cast<int32_t>(d.nsocks);
+      h.tag = i;
+      h.size = d.connId;
+      TUTTI_TRY(s.value().sendAll(&h, sizeof(h), deadline, comm_.abortFlag()));
+      socks.push_back(s.take());
+    }
+    auto conn = std::make_unique<TcpConnection>(spec, true, this, peerName(spec.peer));
+    conn->adopt(std::move(socks));
+    addToProxy(conn.get());
+    TUTTI_INFO(log::kNet, "rank %d -> rank %d channel %d: tcp via %s, %u sockets", comm_.rank(),
+               spec.peer, spec.channel, addr.toString().c_str(), d.nsocks);
+    return std::unique_ptr<Connection>(std::move(conn));
+  }
+
+  void flush(double seconds) override {
+    if (!proxy_.joinable()) return;
+    net::Deadline deadline = net::deadlineAfter(seconds);
+    while (true) {
+      bool drained = true;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (TcpConnection* c : conns_) drained &= c->drained();
+      }
+      if (drained) return;
+      if (net::Clock::now() >= deadline) {
+        TUTTI_WARN(
+            "rank %d: tcp: data for a peer was still unsent after %.0f s at "
+            "communicator destruction; dropping it",
+            comm_.rank(), seconds);
+        return;
+      }
+      ring();
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  void shutdown() override {
+    if (!proxy_.joinable()) return;
+    stop_.store(true);
+    ring();
+    proxy_.join();
+    close(efd_);
+  }
+
+  void ring() override {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (sleeping_.load(std::memory_order_relaxed)) {
+      uint64_t one = 1;
+      ssize_t rc = write(efd_, &one, sizeof(one));
+      (void)rc;
+    }
+  }
+
+ private:
+  struct PendingRecv {
+    TcpConnection* conn;
+    uint64_t connId;
+    int peer;
+  };
+
+  std::string peerName(int peer) const {
+    const PeerInfo& p = comm_.peers()[static_cast<size_t>(peer)];
+    return "rank " + std::to_string(peer) + " (" + p.hostname + " pid " + std::to_string(p.pid) +
+           ")";
+  }
+
+  Status ensureListener() {
+    if (listener_.valid()) return Status::Ok();
+    net::SockAddr bind = comm_.bootstrap()->listenAddr();
+    bind.setPort(0);
+    TUTTI_ASSIGN(l, net::Socket::listen(bind));
+    listener_ = std::move(l);
+    TUTTI_ASSIGN(local, listener_.localAddr());
+    listenAddr_ = local;
+    acceptor_ = std::make_unique<Acceptor>(&listener_, comm_.bootstrap()->secret(),
+                                           "rank " + std::to_string(comm_.rank()) + " tcp");
+    TUTTI_INFO(log::kNet, "rank %d: tcp transport listening on %s", comm_.rank(),
+               listenAddr_.toString().c_str());
+    return Status::Ok();
+  }
+
+  void addToProxy(TcpConnection* conn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      conns_.push_back(conn);
+    }
+    if (!proxy_.joinable()) {
+      efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+      proxy_ = std::thread([this] { proxyLoop(); });
+    }
+    ring();
+  }
+
+  // The proxy: progress every connection; when nothing moves for a while, sleep in poll()
+  // until a socket is ready or the engine rings the doorbell.
+  void proxyLoop() {
+    log::setThreadDevice(comm_.cudaDev());
+    int idle = 0;
+    std::vector<pollfd> fds;
+    while (!stop_.load(std::memory_order_acquire)) {
+      bool moved = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (TcpConnection* c : conns_) moved |= c->progress();
+      }
+      if (moved) {
+        idle = 0;
+        continue;
+      }
+      if (++idle < 64) {
+        sched_yield();
+        continue;
+      }
+      sleeping_.store(true, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      fds.clear();
+      fds.push_back({efd_, POLLIN, 0});
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (TcpConnection* c : conns_) c->pollEvents(&fds);
+      }
+      poll(fds.data(), fds.size(), 100);
+      sleeping_.store(false, std::memory_order_relaxed);
+      uint64_t drain;
+      ssize_t rc = read(efd_, &drain, sizeof(drain));
+      (void)rc;
+      idle = 0;
+    }
+  }
+
+  Comm& comm_;
+  int nsocks_;
+  net::Socket listener_;
+  net::SockAddr listenAddr_;
+  std::unique_ptr<Acceptor> acceptor_;
+  uint64_t nextConnId_ = 1;
+  std::vector<PendingRecv> pendingRecv_;
+  std::list<Acceptor::Accepted> accepted_;
+
+  std::mutex mu_;
+  std::vector<TcpConnection*> conns_;
+  std::thread proxy_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> sleeping_{false};
+  int efd_ = -1;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> makeTcpTransport(Comm& comm) {
+  return std::make_unique<TcpTransport>(comm);
+}
+
+}  // namespace tutti::transport

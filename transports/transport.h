@@ -1,0 +1,119 @@
+// The transport interface. Every connection is a one-directional FIFO of kSteps slots between
+// two ranks on one channel. The producer fills slot (step % kSteps), records its size and
+// publishes tail = step + 1; the consumer reads it and publishes head = step + 1, which frees
+// the slot. Engines see only this (FifoView); where the slots live and how bytes cross
+// between the ranks (shared memory, a proxy thread and sockets, ...) is each transport's
+// business.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/status.h"
+
+namespace tutti {
+class Comm;
+struct PeerInfo;
+}  // namespace tutti
+
+namespace tutti::transport {
+
+constexpr int kSteps = 8;
+// Flag in a slot's size word: the last slot of a point-to-point message.
+constexpr uint64_t kLastSlot = 1ull << 62;
+constexpr uint64_t kSizeMask = (1ull << 40) - 1;
+
+// Lives next to the slots, shared by both sides when the transport maps memory across ranks.
+struct alignas(64) FifoCtrl {
+  std::atomic<uint64_t> tail;
+  char pad0[56];
+  std::atomic<uint64_t> head;
+  char pad1[56];
+  std::atomic<uint64_t> sizes[kSteps];
+  // Set by either side when its communicator fails or aborts: the other stops waiting.
+  std::atomic<uint32_t> broken;
+  uint32_t magic;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "FIFO counters cross processes");
+
+class Connection;
+
+// What an engine holds for one end of one connection.
+struct FifoView {
+  FifoCtrl* ctrl = nullptr;
+  char* slots = nullptr;
+  size_t slotBytes = 0;
+  uint64_t step = 0;  // this end's next step; steps continue across operations
+  int peer = -1;
+  int channel = 0;
+  Connection* conn = nullptr;
+
+  char* slot(uint64_t s) const { return slots + (s % kSteps) * slotBytes; }
+};
+
+// Wakes a transport's proxy thread after the engine published a counter (null: none needed).
+class Doorbell {
+ public:
+  virtual ~Doorbell() = default;
+  virtual void ring() = 0;
+};
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  FifoView& fifo() { return fifo_; }
+  Doorbell* doorbell() const { return bell_; }
+  // Ok while the connection is usable; a RemoteError naming the peer once it is not.
+  virtual Status health() const = 0;
+  // Receiver side: completes the setup once the sender has connected.
+  virtual Status finish() { return Status::Ok(); }
+  // Tell the peer this side is gone (the communicator failed or aborted).
+  virtual void breakLink() {
+    if (fifo_.ctrl) fifo_.ctrl->broken.store(1, std::memory_order_release);
+  }
+  virtual const char* transportName() const = 0;
+  // The first socket under this connection, or -1 (diagnostics and fault-injection tests).
+  virtual int rawSocket() const { return -1; }
+
+ protected:
+  FifoView fifo_;
+  Doorbell* bell_ = nullptr;
+};
+
+// Carries the receiver's setup information to the sender over the bootstrap.
+struct Descriptor {
+  char bytes[192];
+};
+
+struct ConnSpec {
+  int peer;
+  int channel;
+  size_t slotBytes;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  // Whether this transport can join the two ranks (shm: same host).
+  virtual bool canConnect(const PeerInfo& me, const PeerInfo& peer) const = 0;
+  // Receiver side first: allocate the FIFO and describe it for the sender.
+  virtual Result<std::unique_ptr<Connection>> setupRecv(const ConnSpec& spec, Descriptor* out) = 0;
+  // Sender side: attach to the receiver's FIFO from its descriptor.
+  virtual Result<std::unique_ptr<Connection>> connectSend(const ConnSpec& spec,
+                                                          const Descriptor& in) = 0;
+  // Waits (up to `seconds`) until everything posted to this transport's send FIFOs has left:
+  // a rank that finished its last send may destroy its communicator at once.
+  virtual void flush(double seconds) { (void)seconds; }
+  // Stop background work before connections are freed.
+  virtual void shutdown() {}
+};
+
+// The registry: transports are tried in this order for each pair of ranks.
+std::unique_ptr<Transport> makeShmTransport(Comm& comm);
+std::unique_ptr<Transport> makeTcpTransport(Comm& comm);
+
+}  // namespace tutti::transport
