@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "kernels/cpu/types.h"
+#include "runtime/dtype.h"
 
 namespace tutti::test {
 namespace {
@@ -18,24 +19,7 @@ bool isFloat(int t) {
          t == ncclFloat8e4m3 || t == ncclFloat8e5m2;
 }
 bool isSigned(int t) { return t == ncclInt8 || t == ncclInt32 || t == ncclInt64; }
-size_t sizeOf(int t) {
-  switch (t) {
-    case ncclInt8:
-    case ncclUint8:
-    case ncclFloat8e4m3:
-    case ncclFloat8e5m2:
-      return 1;
-    case ncclFloat16:
-    case ncclBfloat16:
-      return 2;
-    case ncclInt32:
-    case ncclUint32:
-    case ncclFloat32:
-      return 4;
-    default:
-      return 8;
-  }
-}
+size_t sizeOf(int t) { return tutti::dtypeSize(t); }
 // Relative spacing of the format: the tolerance of one final rounding.
 double epsOf(int t) {
   switch (t) {

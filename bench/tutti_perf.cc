@@ -1,0 +1,641 @@
+// tutti-perf: nccl-tests' all_reduce_perf & co. in one binary, with their flags, columns,
+// #wrong check and summary lines, so numbers and habits carry over.
+//   tutti-perf all_reduce -b 8 -e 64M -f 4 -t 2          (2 ranks as threads)
+//   tutti-run -n 2 tutti-perf all_reduce -b 8 -e 64M     (2 ranks as processes)
+// Ranks are threads of one process (-t N), or one per process under tutti-run, torchrun,
+// mpirun or srun. Host buffers (--mem host); device buffers come with the GPU data path.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/types.h"
+#include "nccl.h"
+#include "tutti.h"
+
+namespace {
+
+enum class Coll {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kReduce,
+  kAlltoAll,
+  kGather,
+  kScatter,
+  kSendRecv
+};
+
+struct CollInfo {
+  const char* name;
+  Coll coll;
+  bool reduces, rooted, perRankBlocks;
+};
+const CollInfo kColls[] = {
+    {"all_reduce", Coll::kAllReduce, true, false, false},
+    {"all_gather", Coll::kAllGather, false, false, true},
+    {"reduce_scatter", Coll::kReduceScatter, true, false, true},
+    {"broadcast", Coll::kBroadcast, false, true, false},
+    {"reduce", Coll::kReduce, true, true, false},
+    {"alltoall", Coll::kAlltoAll, false, false, true},
+    {"gather", Coll::kGather, false, true, true},
+    {"scatter", Coll::kScatter, false, true, true},
+    {"sendrecv", Coll::kSendRecv, false, false, false},
+};
+
+const char* kTypeNames[] = {"int8", "uint8", "int32",  "uint32",   "int64",  "uint64",
+                            "half", "float", "double", "bfloat16", "f8e4m3", "f8e5m2"};
+const char* kOpNames[] = {"sum", "prod", "max", "min", "avg"};
+
+size_t typeSize(int t) {
+  static const size_t kSizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+  return kSizes[t];
+}
+
+struct Options {
+  const CollInfo* coll = nullptr;
+  size_t minBytes = 32 << 20, maxBytes = 32 << 20, stepBytes = 1 << 20;
+  double factor = 0;
+  int iters = 20, warmup = 5, check = 1, root = 0, threads = 1, average = 1, agg = 1;
+  int dtype = ncclFloat;
+  std::vector<int> ops{ncclSum};
+  bool deviceMem = false;
+};
+
+[[noreturn]] void usage(const char* why) {
+  fprintf(stderr,
+          "tutti-perf: %s\n"
+          "usage: tutti-perf <all_reduce|all_gather|reduce_scatter|broadcast|reduce|alltoall|"
+          "gather|scatter|sendrecv> [-b minbytes] [-e maxbytes] [-f factor | -i stepbytes]\n"
+          "       [-n iters] [-w warmup] [-c check] [-o sum|prod|max|min|avg|all] [-d type] "
+          "[-r root]\n"
+          "       [-t threads] [-g gpus] [-a 0|1|2|3] [-m agg] [-z blocking] [-G graph] "
+          "[--mem host|device]\n",
+          why);
+  exit(2);
+}
+
+size_t parseSize(const char* s) {
+  char* end = nullptr;
+  double v = strtod(s, &end);
+  if (end == s || v < 0) usage((std::string("bad size ") + s).c_str());
+  switch (*end) {
+    case 'K':
+    case 'k':
+      v *= 1024;
+      break;
+    case 'M':
+    case 'm':
+      v *= 1024 * 1024;
+      break;
+    case 'G':
+    case 'g':
+      v *= 1024.0 * 1024 * 1024;
+      break;
+    case 0:
+      break;
+    default:
+      usage((std::string("bad size ") + s).c_str());
+  }
+  return size_t(v);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  if (argc < 2) usage("which collective?");
+  std::string name = argv[1];
+  if (name.size() > 5 && name.substr(name.size() - 5) == "_perf") name.resize(name.size() - 5);
+  for (const CollInfo& c : kColls) {
+    if (name == c.name) o.coll = &c;
+  }
+  if (!o.coll) usage(("unknown collective " + name).c_str());
+  for (int i = 2; i < argc; ++i) {
+    std::string f = argv[i];
+    if (f == "--mem") {
+      if (i + 1 >= argc) usage("--mem needs host or device");
+      std::string m = argv[++i];
+      if (m != "host" && m != "device") usage("--mem is host or device");
+      o.deviceMem = m == "device";
+      continue;
+    }
+    if (f.size() != 2 || f[0] != '-' || i + 1 >= argc) usage(("bad flag " + f).c_str());
+    const char* v = argv[++i];
+    switch (f[1]) {
+      case 'b':
+        o.minBytes = parseSize(v);
+        break;
+      case 'e':
+        o.maxBytes = parseSize(v);
+        break;
+      case 'f':
+        o.factor = atof(v);
+        break;
+      case 'i':
+        o.stepBytes = parseSize(v);
+        o.factor = 0;
+        break;
+      case 'n':
+        o.iters = atoi(v);
+        break;
+      case 'w':
+        o.warmup = atoi(v);
+        break;
+      case 'c':
+        o.check = atoi(v);
+        break;
+      case 'r':
+        o.root = atoi(v);
+        break;
+      case 't':
+        o.threads = atoi(v);
+        break;
+      case 'a':
+        o.average = atoi(v);
+        break;
+      case 'm':
+        o.agg = std::max(1, atoi(v));
+        break;
+      case 'g':
+        if (atoi(v) != 1) usage("-g: one device per thread (host buffers here)");
+        break;
+      case 'z':
+      case 'G':
+        break;  // host calls complete before they return; nothing to capture
+      case 'o': {
+        std::string op = v;
+        o.ops.clear();
+        for (int k = 0; k < ncclNumOps; ++k) {
+          if (op == kOpNames[k] || op == "all") o.ops.push_back(k);
+        }
+        if (o.ops.empty()) usage(("unknown op " + op).c_str());
+        break;
+      }
+      case 'd': {
+        std::string t = v;
+        if (t == "bf16") t = "bfloat16";
+        if (t == "fp8e4m3") t = "f8e4m3";
+        if (t == "fp8e5m2") t = "f8e5m2";
+        o.dtype = -1;
+        for (int k = 0; k < ncclNumTypes; ++k) {
+          if (t == kTypeNames[k]) o.dtype = k;
+        }
+        if (o.dtype < 0) usage(("unknown datatype " + t).c_str());
+        break;
+      }
+      default:
+        usage(("unknown flag " + f).c_str());
+    }
+  }
+  if (o.minBytes > o.maxBytes) usage("-b is larger than -e");
+  if (o.iters < 1 || o.threads < 1) usage("-n and -t must be at least 1");
+  return o;
+}
+
+// Values in {0, 1, 2}: every sum, product and extreme of a few ranks is exact in every type.
+double inputValue(int rank, size_t i) { return double((size_t(rank) * 3 + i) % 3); }
+
+void store(int t, double v, void* dst) {
+  using namespace tutti::cpu;
+  switch (t) {
+    case ncclInt8:
+    case ncclUint8: {
+      uint8_t x = uint8_t(v);
+      memcpy(dst, &x, 1);
+      break;
+    }
+    case ncclInt32:
+    case ncclUint32: {
+      uint32_t x = uint32_t(v);
+      memcpy(dst, &x, 4);
+      break;
+    }
+    case ncclInt64:
+    case ncclUint64: {
+      uint64_t x = uint64_t(v);
+      memcpy(dst, &x, 8);
+      break;
+    }
+    case ncclFloat16: {
+      auto x = Elem<half_t>::store(float(v));
+      memcpy(dst, &x, 2);
+      break;
+    }
+    case ncclFloat32: {
+      float x = float(v);
+      memcpy(dst, &x, 4);
+      break;
+    }
+    case ncclFloat64:
+      memcpy(dst, &v, 8);
+      break;
+    case ncclBfloat16: {
+      auto x = Elem<bf16_t>::store(float(v));
+      memcpy(dst, &x, 2);
+      break;
+    }
+    case ncclFloat8e4m3: {
+      auto x = Elem<fp8e4m3_t>::store(float(v));
+      memcpy(dst, &x, 1);
+      break;
+    }
+    case ncclFloat8e5m2: {
+      auto x = Elem<fp8e5m2_t>::store(float(v));
+      memcpy(dst, &x, 1);
+      break;
+    }
+  }
+}
+
+double load(int t, const void* src) {
+  using namespace tutti::cpu;
+  switch (t) {
+    case ncclInt8: {
+      int8_t x;
+      memcpy(&x, src, 1);
+      return x;
+    }
+    case ncclUint8: {
+      uint8_t x;
+      memcpy(&x, src, 1);
+      return x;
+    }
+    case ncclInt32: {
+      int32_t x;
+      memcpy(&x, src, 4);
+      return x;
+    }
+    case ncclUint32: {
+      uint32_t x;
+      memcpy(&x, src, 4);
+      return x;
+    }
+    case ncclInt64: {
+      int64_t x;
+      memcpy(&x, src, 8);
+      return double(x);
+    }
+    case ncclUint64: {
+      uint64_t x;
+      memcpy(&x, src, 8);
+      return double(x);
+    }
+    case ncclFloat16: {
+      half_t x;
+      memcpy(&x, src, 2);
+      return Elem<half_t>::load(x);
+    }
+    case ncclFloat32: {
+      float x;
+      memcpy(&x, src, 4);
+      return x;
+    }
+    case ncclFloat64: {
+      double x;
+      memcpy(&x, src, 8);
+      return x;
+    }
+    case ncclBfloat16: {
+      bf16_t x;
+      memcpy(&x, src, 2);
+      return Elem<bf16_t>::load(x);
+    }
+    case ncclFloat8e4m3: {
+      fp8e4m3_t x;
+      memcpy(&x, src, 1);
+      return Elem<fp8e4m3_t>::load(x);
+    }
+    default: {
+      fp8e5m2_t x;
+      memcpy(&x, src, 1);
+      return Elem<fp8e5m2_t>::load(x);
+    }
+  }
+}
+
+double reduced(int op, int dtype, int nranks, size_t i, int rankOffset) {
+  double acc = inputValue(0, i + size_t(rankOffset));
+  for (int r = 1; r < nranks; ++r) {
+    double v = inputValue(r, i + size_t(rankOffset));
+    if (op == ncclSum || op == ncclAvg) acc += v;
+    if (op == ncclProd) acc *= v;
+    if (op == ncclMax) acc = std::max(acc, v);
+    if (op == ncclMin) acc = std::min(acc, v);
+  }
+  if (op == ncclAvg) {
+    bool isInt = dtype <= ncclUint64;
+    acc = isInt ? std::trunc(acc / nranks) : acc / nranks;
+  }
+  return acc;
+}
+
+double tolerance(int dtype, double expect) {
+  static const int kBits[] = {0, 0, 0, 0, 0, 0, 10, 23, 52, 7, 3, 2};
+  return kBits[dtype] ? std::ldexp(std::fabs(expect), -kBits[dtype]) + 1e-30 : 0;
+}
+
+struct Rank {
+  ncclComm_t comm;
+  int rank, nranks;
+};
+
+// One size, one op, in- or out-of-place: average seconds per call and wrong elements.
+struct Result {
+  double seconds;
+  long long wrong;
+};
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+class Runner {
+ public:
+  Runner(const Options& o, const Rank& r) : o_(o), r_(r) {}
+
+  // count: elements per rank block (per-rank coll) or of the whole buffer.
+  Result run(size_t count, int op, bool inPlace) {
+    const size_t es = typeSize(o_.dtype), n = size_t(r_.nranks);
+    const CollInfo& c = *o_.coll;
+    size_t sendElems = count, recvElems = count;
+    if (c.perRankBlocks) {
+      if (c.coll == Coll::kAllGather || c.coll == Coll::kGather) recvElems = count * n;
+      if (c.coll == Coll::kReduceScatter || c.coll == Coll::kScatter) sendElems = count * n;
+      if (c.coll == Coll::kAlltoAll) sendElems = recvElems = count * n;
+    }
+    const bool inPlaceOk = c.coll != Coll::kAlltoAll && c.coll != Coll::kGather &&
+                           c.coll != Coll::kScatter && c.coll != Coll::kSendRecv;
+    if (inPlace && !inPlaceOk) return {-1, 0};
+    size_t big = std::max(sendElems, recvElems) * es;
+    if (recvBuf_.size() < big) recvBuf_.assign(big, 0);
+    if (sendBuf_.size() < big) sendBuf_.assign(big, 0);
+    char* send = sendBuf_.data();
+    char* recv = recvBuf_.data();
+    if (inPlace) {
+      send = recv;
+      if (c.coll == Coll::kAllGather) send = recv + size_t(r_.rank) * count * es;
+      if (c.coll == Coll::kReduceScatter) recv = send + size_t(r_.rank) * count * es;
+    }
+    auto once = [&] {
+      ncclGroupStart();
+      for (int a = 0; a < o_.agg; ++a) call(send, recv, count, op);
+      return ncclGroupEnd();
+    };
+    for (int w = 0; w < o_.warmup; ++w) once();
+    sync();
+    double t0 = now();
+    for (int it = 0; it < o_.iters; ++it) {
+      ncclResult_t res = once();
+      if (res != ncclSuccess) {
+        fprintf(stderr, "tutti-perf: rank %d: %s: %s\n", r_.rank, ncclGetErrorString(res),
+                ncclGetLastError(r_.comm));
+        exit(1);
+      }
+    }
+    double seconds = (now() - t0) / o_.iters / o_.agg;
+    long long wrong = 0;
+    if (o_.check) {
+      for (size_t j = 0; j < sendElems; ++j) store(o_.dtype, inputValue(r_.rank, j), send + j * es);
+      if (!inPlace) memset(recv, 0xff, recvElems * es);
+      if (call(send, recv, count, op) != ncclSuccess) exit(1);
+      wrong = verify(recv, count, op);
+    }
+    return {seconds, wrong};
+  }
+
+  Rank rank() const { return r_; }
+
+ private:
+  ncclResult_t call(const void* s, void* r, size_t count, int op) {
+    auto t = static_cast<ncclDataType_t>(o_.dtype);
+    auto rop = static_cast<ncclRedOp_t>(op);
+    ncclComm_t cm = r_.comm;
+    switch (o_.coll->coll) {
+      case Coll::kAllReduce:
+        return ncclAllReduce(s, r, count, t, rop, cm, nullptr);
+      case Coll::kAllGather:
+        return ncclAllGather(s, r, count, t, cm, nullptr);
+      case Coll::kReduceScatter:
+        return ncclReduceScatter(s, r, count, t, rop, cm, nullptr);
+      case Coll::kBroadcast:
+        return ncclBroadcast(s, r, count, t, o_.root, cm, nullptr);
+      case Coll::kReduce:
+        return ncclReduce(s, r, count, t, rop, o_.root, cm, nullptr);
+      case Coll::kAlltoAll:
+        return ncclAlltoAll(s, r, count, t, cm, nullptr);
+      case Coll::kGather:
+        return ncclGather(s, r, count, t, o_.root, cm, nullptr);
+      case Coll::kScatter:
+        return ncclScatter(s, r, count, t, o_.root, cm, nullptr);
+      case Coll::kSendRecv: {
+        ncclGroupStart();
+        ncclSend(s, count, t, (r_.rank + 1) % r_.nranks, cm, nullptr);
+        ncclRecv(r, count, t, (r_.rank + r_.nranks - 1) % r_.nranks, cm, nullptr);
+        return ncclGroupEnd();
+      }
+    }
+    return ncclInternalError;
+  }
+
+  long long verify(const char* recv, size_t count, int op) {
+    const size_t es = typeSize(o_.dtype);
+    const int n = r_.nranks, me = r_.rank;
+    long long wrong = 0;
+    auto expect = [&](size_t at, double want) {
+      double got = load(o_.dtype, recv + at * es);
+      if (!(std::fabs(got - want) <= tolerance(o_.dtype, want))) ++wrong;
+    };
+    for (size_t i = 0; i < count; ++i) {
+      switch (o_.coll->coll) {
+        case Coll::kAllReduce:
+          expect(i, reduced(op, o_.dtype, n, i, 0));
+          break;
+        case Coll::kReduceScatter:
+          expect(i, reduced(op, o_.dtype, n, i, int(size_t(me) * count)));
+          break;
+        case Coll::kReduce:
+          if (me == o_.root) expect(i, reduced(op, o_.dtype, n, i, 0));
+          break;
+        case Coll::kBroadcast:
+          expect(i, inputValue(o_.root, i));
+          break;
+        case Coll::kScatter:
+          expect(i, inputValue(o_.root, size_t(me) * count + i));
+          break;
+        case Coll::kSendRecv:
+          expect(i, inputValue((me + n - 1) % n, i));
+          break;
+        case Coll::kAllGather:
+        case Coll::kGather:
+        case Coll::kAlltoAll:
+          if (o_.coll->coll == Coll::kGather && me != o_.root) break;
+          for (int q = 0; q < n; ++q) {
+            size_t src = o_.coll->coll == Coll::kAlltoAll ? size_t(me) * count + i : i;
+            expect(size_t(q) * count + i, inputValue(q, src));
+          }
+          break;
+      }
+    }
+    return wrong;
+  }
+
+  void sync() {
+    double x = 0;
+    ncclAllReduce(&x, &x, 1, ncclDouble, ncclSum, r_.comm, nullptr);
+  }
+
+  const Options& o_;
+  Rank r_;
+  std::vector<char> sendBuf_, recvBuf_;
+};
+
+// Combine a per-rank value across all ranks with the communicator itself.
+double combine(const Rank& r, double v, ncclRedOp_t op) {
+  ncclAllReduce(&v, &v, 1, ncclDouble, op, r.comm, nullptr);
+  return v;
+}
+
+int runRank(const Options& o, const Rank& r, bool printer, double* busSum, int* lines,
+            long long* wrongTotal) {
+  Runner run(o, r);
+  const CollInfo& c = *o.coll;
+  const size_t es = typeSize(o.dtype), n = size_t(r.nranks);
+  for (size_t bytes = o.minBytes; bytes <= o.maxBytes;
+       bytes = o.factor > 1 ? size_t(std::max(double(bytes + 1), bytes * o.factor))
+                            : bytes + std::max<size_t>(o.stepBytes, 1)) {
+    size_t total = std::max<size_t>(bytes / es, 0);
+    size_t count = c.perRankBlocks ? total / n : total;
+    total = c.perRankBlocks ? count * n : count;
+    for (int op : (c.reduces ? o.ops : std::vector<int>{-1})) {
+      char line[512];
+      int len =
+          snprintf(line, sizeof(line), "%12zu  %12zu  %8s  %6s  %6d", total * es, total,
+                   kTypeNames[o.dtype], op >= 0 ? kOpNames[op] : "none", c.rooted ? o.root : -1);
+      for (bool inPlace : {false, true}) {
+        Result res = run.run(count, op, inPlace);
+        double t = res.seconds;
+        if (t >= 0) {
+          ncclRedOp_t how = o.average == 2 ? ncclMin : o.average == 3 ? ncclMax : ncclSum;
+          t = combine(r, t, how);
+          if (o.average == 1) t /= r.nranks;
+          if (o.average == 0) t = res.seconds;  // rank 0's own time
+        }
+        long long wrong = (long long)combine(r, double(res.wrong), ncclSum);
+        double algbw = t > 0 ? double(total * es) / t / 1e9 : 0;
+        double factor = 1;
+        if (c.coll == Coll::kAllReduce) factor = 2.0 * double(n - 1) / double(n);
+        if (c.perRankBlocks) factor = double(n - 1) / double(n);
+        double busbw = algbw * factor;
+        if (t < 0) {
+          len += snprintf(line + len, sizeof(line) - size_t(len), "  %8s  %6s  %6s  %6s", "N/A",
+                          "N/A", "N/A", "N/A");
+        } else {
+          len += snprintf(line + len, sizeof(line) - size_t(len), "  %8.2f  %6.2f  %6.2f  %6lld",
+                          t * 1e6, algbw, busbw, o.check ? wrong : -1LL);
+          *busSum += busbw;
+          ++*lines;
+          *wrongTotal += wrong;
+        }
+      }
+      if (printer) printf("%s\n", line);
+    }
+    if (bytes == o.maxBytes) break;
+    if (o.factor <= 1 && o.stepBytes == 0) break;
+  }
+  return 0;
+}
+
+void header(const Options& o, int nranks, const std::vector<Rank>& local) {
+  printf("# Collective test starting: %s_perf (tutti-perf)\n", o.coll->name);
+  printf(
+      "# nThread %d nGpus 1 minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d iters: %d "
+      "agg iters: %d validation: %d graph: 0\n#\n",
+      o.threads, o.minBytes, o.maxBytes, o.factor > 1 ? o.factor : double(o.stepBytes),
+      o.factor > 1 ? "factor" : "bytes", o.warmup, o.iters, o.agg, o.check);
+  char host[64] = {};
+  gethostname(host, sizeof(host) - 1);
+  printf("# Using devices (host memory: %d rank(s) in all)\n", nranks);
+  for (const Rank& r : local) {
+    printf("#  Rank %2d Group  0 Pid %6d on %10s device -1 [CPU]\n", r.rank, int(getpid()), host);
+  }
+  printf("#\n#%*s%s%*s%s\n", 57, "", "out-of-place", 25, "", "in-place");
+  printf(
+      "#       size         count      type   redop    root      time   algbw   busbw #wrong"
+      "      time   algbw   busbw #wrong\n");
+  printf(
+      "#        (B)    (elements)                                (us)  (GB/s)  (GB/s)       "
+      "      (us)  (GB/s)  (GB/s)       \n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  if (o.deviceMem) {
+    fprintf(stderr,
+            "tutti-perf: --mem device needs the GPU data path, which this tutti build "
+            "does not have yet; use --mem host\n");
+    return 2;
+  }
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  const bool launched = getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE") ||
+                        getenv("PMI_SIZE") || getenv("SLURM_NTASKS");
+  std::vector<Rank> ranks;
+  if (launched) {
+    if (o.threads != 1) {
+      fprintf(stderr, "tutti-perf: -t %d: with a launcher, each process is one rank\n", o.threads);
+      return 2;
+    }
+    ncclComm_t comm;
+    if (tuttiCommInitFromEnv(&comm) != ncclSuccess) {
+      fprintf(stderr, "tutti-perf: %s\n", ncclGetLastError(nullptr));
+      return 1;
+    }
+    int rank, n;
+    ncclCommUserRank(comm, &rank);
+    ncclCommCount(comm, &n);
+    ranks.push_back({comm, rank, n});
+  } else {
+    ncclUniqueId id;
+    if (ncclGetUniqueId(&id) != ncclSuccess) {
+      fprintf(stderr, "tutti-perf: %s\n", ncclGetLastError(nullptr));
+      return 1;
+    }
+    ranks.resize(size_t(o.threads));
+    ncclGroupStart();
+    for (int t = 0; t < o.threads; ++t) {
+      ranks[size_t(t)] = {nullptr, t, o.threads};
+      ncclCommInitRank(&ranks[size_t(t)].comm, o.threads, id, t);
+    }
+    if (ncclGroupEnd() != ncclSuccess) {
+      fprintf(stderr, "tutti-perf: init: %s\n", ncclGetLastError(nullptr));
+      return 1;
+    }
+  }
+  const int nranks = ranks[0].nranks;
+  if (o.coll->rooted && (o.root < 0 || o.root >= nranks)) usage("-r: root out of range");
+  const bool printer = ranks[0].rank == 0;
+  if (printer) header(o, nranks, ranks);
+  std::vector<double> busSum(ranks.size(), 0);
+  std::vector<int> lines(ranks.size(), 0);
+  std::vector<long long> wrong(ranks.size(), 0);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < ranks.size(); ++t) {
+    threads.emplace_back(
+        [&, t] { runRank(o, ranks[t], printer && t == 0, &busSum[t], &lines[t], &wrong[t]); });
+  }
+  for (auto& th : threads) th.join();
+  for (Rank& r : ranks) ncclCommDestroy(r.comm);
+  if (printer) {
+    printf("# Out of bounds values : %lld %s\n", wrong[0], wrong[0] ? "FAILED" : "OK");
+    printf("# Avg bus bandwidth    : %g \n#\n", lines[0] ? busSum[0] / lines[0] : 0.0);
+  }
+  return wrong[0] ? 1 : 0;
+}

@@ -1,0 +1,78 @@
+// The narrow float formats against their definitions: known bit patterns, every pattern
+// round-tripping, round-to-nearest-even ties and fp8 saturation; and wrapping integer ops.
+#include "kernels/cpu/types.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernels/cpu/reduce.h"
+
+using namespace tutti::cpu;
+
+TEST(Types, HalfKnownValuesAndEveryPatternRoundTrips) {
+  EXPECT_EQ(HalfFormat::decode(0x3c00), 1.0f);
+  EXPECT_EQ(HalfFormat::decode(0xc000), -2.0f);
+  EXPECT_EQ(HalfFormat::decode(0x7bff), 65504.0f);
+  EXPECT_EQ(HalfFormat::decode(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_TRUE(std::isinf(HalfFormat::decode(0x7c00)));
+  EXPECT_TRUE(std::isnan(HalfFormat::decode(0x7e00)));
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    if ((b & 0x7c00) == 0x7c00 && (b & 0x3ff)) continue;  // NaNs
+    ASSERT_EQ(HalfFormat::encode(HalfFormat::decode(b)), b) << std::hex << b;
+  }
+  EXPECT_EQ(HalfFormat::encode(1.0f + std::ldexp(1.0f, -11)), 0x3c00u);      // tie -> even
+  EXPECT_EQ(HalfFormat::encode(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02u);  // tie -> even
+  EXPECT_EQ(HalfFormat::encode(65520.0f), 0x7c00u);                          // overflow -> inf
+  EXPECT_EQ(HalfFormat::encode(65519.0f), 0x7bffu);
+}
+
+TEST(Types, Bf16EveryPatternRoundTrips) {
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    if ((b & 0x7f80) == 0x7f80 && (b & 0x7f)) continue;
+    ASSERT_EQ(floatToBf16(bf16ToFloat(uint16_t(b))), b) << std::hex << b;
+  }
+  EXPECT_EQ(floatToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80u);  // tie -> even
+  EXPECT_TRUE(std::isnan(bf16ToFloat(floatToBf16(NAN))));
+}
+
+TEST(Types, Fp8FormatsKnownValuesSaturationAndRoundTrip) {
+  EXPECT_EQ(E4m3Format::decode(0x7e), 448.0f);
+  EXPECT_TRUE(std::isnan(E4m3Format::decode(0x7f)));
+  EXPECT_EQ(E4m3Format::decode(0x38), 1.0f);
+  EXPECT_EQ(E4m3Format::decode(0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(E4m3Format::encode(1000.0f), 0x7eu);  // saturates to the largest finite value
+  EXPECT_EQ(E4m3Format::encode(-INFINITY), 0xfeu);
+  EXPECT_EQ(E5m2Format::decode(0x7b), 57344.0f);
+  EXPECT_TRUE(std::isinf(E5m2Format::decode(0x7c)));
+  EXPECT_EQ(E5m2Format::decode(0x3c), 1.0f);
+  EXPECT_EQ(E5m2Format::encode(1e6f), 0x7bu);
+  for (uint32_t b = 0; b < 256; ++b) {
+    if ((b & 0x7f) != 0x7f) EXPECT_EQ(E4m3Format::encode(E4m3Format::decode(b)), b) << b;
+    if ((b & 0x7c) != 0x7c) EXPECT_EQ(E5m2Format::encode(E5m2Format::decode(b)), b) << b;
+  }
+}
+
+TEST(Types, ReductionsWidenWrapAndScale) {
+  Reducer<int8_t, RedFn::kSum> sum;
+  int8_t a[2] = {100, -128}, b[2] = {100, -1}, out[2];
+  sum.reduce(out, a, b, 2, false);
+  EXPECT_EQ(out[0], int8_t(-56));  // wraps like the hardware
+  EXPECT_EQ(out[1], int8_t(127));
+  Reducer<half_t, RedFn::kSum> avg;
+  avg.hasPost = true;
+  avg.postDivisor = 3;
+  half_t x[1] = {Elem<half_t>::store(1.0f)}, y[1] = {Elem<half_t>::store(1.0f)}, r[1];
+  avg.reduce(r, x, y, 1, true);
+  EXPECT_EQ(Elem<half_t>::load(r[0]), HalfFormat::decode(HalfFormat::encode(2.0f / 3)));
+  Reducer<float, RedFn::kSum> pre;
+  pre.hasPre = true;
+  pre.preScalar = 0.5f;
+  float p[1] = {4}, q[1] = {6}, o[1];
+  pre.reduce(o, p, q, 1, false);  // received partial + 0.5 * own input
+  EXPECT_EQ(o[0], 7.0f);
+  Reducer<uint32_t, RedFn::kMin> mn;
+  uint32_t u[1] = {7}, v[1] = {3}, w[1];
+  mn.reduce(w, u, v, 1, false);
+  EXPECT_EQ(w[0], 3u);
+}
