@@ -215,6 +215,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
   OpState state(comm_, what, timeoutS_);
   Waiter w(&state);
   const size_t slot = comm_.links().slotBytes();
+  Waiter::Clock::time_point since{};
   for (uint32_t idle = 0;;) {
     bool moved = false, pending = false;
     for (auto& [peer, q] : sends) {
@@ -259,6 +260,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
     if (!pending) return Status::Ok();
     if (moved) {
       idle = 0;
+      since = {};
       continue;
     }
     ++idle;
@@ -271,10 +273,11 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
     }
     if ((idle & 31) != 0) continue;
     for (auto& [peer, q] : sends) {
-      if (!q.empty() && !w.check(*comm_.links().send(peer, 0), "sending to")) return state.status();
+      if (!q.empty() && !w.check(*comm_.links().send(peer, 0), "sending to", &since))
+        return state.status();
     }
     for (auto& [peer, q] : recvs) {
-      if (!q.empty() && !w.check(*comm_.links().recv(peer, 0), "receiving from")) {
+      if (!q.empty() && !w.check(*comm_.links().recv(peer, 0), "receiving from", &since)) {
         return state.status();
       }
     }

@@ -7,10 +7,7 @@
 namespace tutti {
 
 OpState::OpState(const Comm& comm, std::string what, double timeoutS)
-    : comm_(comm), what_(std::move(what)), timeoutS_(timeoutS) {
-  deadline_ = std::chrono::steady_clock::now() +
-              std::chrono::microseconds(static_cast<int64_t>(timeoutS * 1e6));
-}
+    : comm_(comm), what_(std::move(what)), timeoutS_(timeoutS) {}
 
 void OpState::fail(const Status& s) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -29,7 +26,7 @@ void Waiter::nap() {
   nanosleep(&ts, nullptr);
 }
 
-bool Waiter::check(const transport::FifoView& f, const char* dir) {
+bool Waiter::check(const transport::FifoView& f, const char* dir, Clock::time_point* since) {
   if (op_->failed()) return false;
   const Comm& comm = op_->comm();
   std::string where = "rank " + std::to_string(comm.rank()) + ": " + op_->what() + ", " + dir +
@@ -39,7 +36,8 @@ bool Waiter::check(const transport::FifoView& f, const char* dir) {
     op_->fail(internalError(where + ": the communicator was aborted (ncclCommAbort)"));
     return false;
   }
-  auto now = std::chrono::steady_clock::now();
+  auto now = Clock::now();
+  if (since->time_since_epoch().count() == 0) *since = now;
   if (now >= nextHealth_) {
     nextHealth_ = now + std::chrono::milliseconds(50);
     if (f.conn) {
@@ -50,7 +48,7 @@ bool Waiter::check(const transport::FifoView& f, const char* dir) {
       }
     }
   }
-  if (now >= op_->deadline()) {
+  if (now - *since >= std::chrono::duration<double>(op_->timeoutS())) {
     op_->fail(timeoutError(where + ": no progress within " + std::to_string(int(op_->timeoutS())) +
                            " s (TUTTI_TIMEOUT); rank " + std::to_string(f.peer) +
                            " has not reached this operation"));

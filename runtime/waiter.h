@@ -28,14 +28,12 @@ class OpState {
   Status status() const;
   const Comm& comm() const { return comm_; }
   const std::string& what() const { return what_; }
-  std::chrono::steady_clock::time_point deadline() const { return deadline_; }
   double timeoutS() const { return timeoutS_; }
 
  private:
   const Comm& comm_;
   std::string what_;  // "ncclAllReduce seq 4 (1024 x float, sum)"
   double timeoutS_;
-  std::chrono::steady_clock::time_point deadline_;
   std::atomic<bool> failed_{false};
   mutable std::mutex mu_;
   Status first_;
@@ -49,6 +47,7 @@ class Waiter {
   template <class Ready>
   bool until(Ready ready, const transport::FifoView& f, const char* dir) {
     if (op_->failed()) return false;
+    Clock::time_point since{};
     for (uint32_t i = 0;; ++i) {
       if (ready()) return true;
       if (i < 64) continue;
@@ -57,11 +56,14 @@ class Waiter {
       } else {
         nap();
       }
-      if ((i & 31) == 0 && !check(f, dir)) return false;
+      if ((i & 31) == 0 && !check(f, dir, &since)) return false;
     }
   }
-  // Re-checks the abort flag, the peer and the deadline now; false when it failed.
-  bool check(const transport::FifoView& f, const char* dir);
+  using Clock = std::chrono::steady_clock;
+  // Re-checks the abort flag, the peer and the deadline now; false when it failed. `since`
+  // is when this wait began (set on the first check): the deadline is for one wait without
+  // progress, not for the whole operation.
+  bool check(const transport::FifoView& f, const char* dir, Clock::time_point* since);
   bool failed() const { return op_->failed(); }
   void fail(const Status& s) { op_->fail(s); }
   OpState* op() const { return op_; }

@@ -21,6 +21,15 @@ int main() {
   }
   printf("rank %d of %d joined the communicator (%s), NCCL API level %d\n", rank, nranks,
          device >= 0 ? "GPU rank" : "CPU rank", version);
+  // One collective on host memory: every rank contributes its rank number.
+  long long sum = rank;
+  if (ncclAllReduce(&sum, &sum, 1, ncclInt64, ncclSum, comm, nullptr) != ncclSuccess) {
+    fprintf(stderr, "ncclAllReduce failed: %s\n", ncclGetLastError(comm));
+    return 1;
+  }
+  printf("rank %d: AllReduce(sum of ranks) = %lld, expected %d\n", rank, sum,
+         nranks * (nranks - 1) / 2);
+  if (sum != nranks * (nranks - 1) / 2) return 1;
   if (ncclCommFinalize(comm) != ncclSuccess || ncclCommDestroy(comm) != ncclSuccess) {
     fprintf(stderr, "teardown failed: %s\n", ncclGetLastError(comm));
     return 1;

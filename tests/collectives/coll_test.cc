@@ -49,6 +49,7 @@ TEST_P(Matrix, EveryCollectiveMatchesTheOracle) {
     failures.insert(failures.end(), bad.begin(), bad.end());
   });
   destroyAll(comms);
+  EXPECT_EQ(leftoverShmSegments(), 0);
   for (const std::string& f : failures) ADD_FAILURE() << f;
   RecordProperty("cases", int(cases.size()));
 }

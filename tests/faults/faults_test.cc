@@ -98,6 +98,7 @@ TEST_P(AbortTest, AbortFromAnotherThreadUnblocksACollective) {
   EXPECT_EQ(ncclCommGetAsyncError(comms[1], &async), ncclSuccess);
   EXPECT_EQ(async, ncclRemoteError);
   EXPECT_EQ(ncclCommAbort(comms[1]), ncclSuccess);
+  EXPECT_EQ(leftoverShmSegments(), 0);
 }
 INSTANTIATE_TEST_SUITE_P(Transports, AbortTest, ::testing::Values("shm", "tcp"));
 
@@ -126,5 +127,25 @@ TEST(Faults, GarbageOnATcpConnectionIsARemoteError) {
   EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
   // Rank 0 hears of it too (rank 1 closed its connections), rather than waiting forever.
   EXPECT_EQ(results[0], ncclRemoteError) << ncclGetLastError(comms[0]);
+  for (ncclComm_t c : comms) ncclCommAbort(c);
+  EXPECT_EQ(leftoverShmSegments(), 0);
+}
+
+TEST(Faults, APeerThatNeverComesIsATimeoutNamingIt) {
+  ScopedEnv timeout("TUTTI_TIMEOUT", "1");
+  std::vector<ncclComm_t> comms = initThreads(2);
+  std::vector<float> a(64, 1), b(64, 1);
+  onThreads(2, [&](int r) {
+    EXPECT_EQ(ncclAllReduce((r ? b : a).data(), (r ? b : a).data(), 64, ncclFloat, ncclSum,
+                            comms[size_t(r)], nullptr),
+              ncclSuccess);
+  });
+  double t0 = now();  // rank 1 does not join the second one
+  EXPECT_EQ(ncclBroadcast(a.data(), a.data(), 64, ncclFloat, 1, comms[0], nullptr), ncclTimeout);
+  EXPECT_LT(secondsSince(t0), 5.0);
+  std::string msg = ncclGetLastError(comms[0]);
+  EXPECT_NE(msg.find("rank 0: ncclBroadcast seq 1 (64 x float, root 1), receiving from rank 1"),
+            std::string::npos)
+      << msg;
   for (ncclComm_t c : comms) ncclCommAbort(c);
 }

@@ -1,7 +1,9 @@
 #include "harness/harness.h"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -107,5 +109,15 @@ struct LoopbackEnvironment : ::testing::Environment {
 };
 const auto* kEnv = ::testing::AddGlobalTestEnvironment(new LoopbackEnvironment);
 }  // namespace
+
+int leftoverShmSegments() {
+  std::string prefix = "tutti-" + std::to_string(getpid()) + "-";
+  int n = 0;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) n += std::string(e->d_name).rfind(prefix, 0) == 0;
+    closedir(d);
+  }
+  return n;
+}
 
 }  // namespace tutti::test

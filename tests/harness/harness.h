@@ -43,6 +43,9 @@ struct RunResult {
 // Runs a shell command line and collects its output.
 RunResult runShell(const std::string& command);
 
+// tutti shm segments of this process still in /dev/shm (there should never be any left).
+int leftoverShmSegments();
+
 double secondsSince(double start);
 double now();
 

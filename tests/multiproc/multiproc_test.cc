@@ -69,6 +69,9 @@ TEST(Processes, HelloDemoRuns) {
                             " of 4 joined"),
               std::string::npos)
         << r.output;
+    EXPECT_NE(r.output.find("rank " + std::to_string(k) + ": AllReduce(sum of ranks) = 6,"),
+              std::string::npos)
+        << r.output;
   }
   EXPECT_NE(r.output.find("NCCL INFO NCCL version 2.27.7"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Init COMPLETE"), std::string::npos) << r.output;
