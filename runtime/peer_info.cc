@@ -49,6 +49,8 @@ PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr
   p.cudaDev = cudaDev;
   p.pid = getpid();
   cpu_set_t set;
+  struct stat ns {};
+  p.pidNs = stat("/proc/self/ns/pid", &ns) == 0 ? ns.st_ino : 0;
   p.cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
   p.hostHash = localHostHash();
   snprintf(p.busId, sizeof(p.busId), "%s", cuda::busId(cudaDev).c_str());

@@ -15,6 +15,7 @@ struct PeerInfo {
   int64_t pid;
   int32_t cpus;  // hardware threads this process may run on
   int32_t reserved;
+  uint64_t pidNs;     // pid namespace inode: pids mean the same thing only within one
   uint64_t hostHash;  // equal for ranks that can share memory directly
   char busId[24];     // PCI bus id of cudaDev, "" for CPU ranks
   char hostname[64];

@@ -149,3 +149,21 @@ TEST(Faults, APeerThatNeverComesIsATimeoutNamingIt) {
       << msg;
   for (ncclComm_t c : comms) ncclCommAbort(c);
 }
+
+TEST(Faults, AnUnknownNetworkTransportIsRefusedByName) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "1");
+  ScopedEnv net("NCCL_NET", "IB");
+  std::vector<ncclComm_t> comms = initThreads(2);
+  std::vector<ncclResult_t> res(2);
+  std::vector<std::vector<float>> bufs(2, std::vector<float>(8, 1));
+  onThreads(2, [&](int r) {
+    res[size_t(r)] = ncclAllReduce(bufs[size_t(r)].data(), bufs[size_t(r)].data(), 8, ncclFloat,
+                                   ncclSum, comms[size_t(r)], nullptr);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(res[size_t(r)], ncclInvalidUsage);
+    EXPECT_NE(std::string(ncclGetLastError(comms[size_t(r)])).find("NCCL_NET=IB"),
+              std::string::npos);
+  }
+  for (ncclComm_t c : comms) ncclCommAbort(c);
+}

@@ -34,13 +34,13 @@ size_t segmentBytes(size_t slotBytes) { return sizeof(FifoCtrl) + kSteps * slotB
 class ShmConnection : public Connection {
  public:
   ShmConnection(const ConnSpec& spec, void* base, size_t bytes, std::string name, bool owner,
-                int64_t peerPid, bool peerIsUs)
+                int64_t peerPid, bool checkPid)
       : base_(base),
         bytes_(bytes),
         name_(std::move(name)),
         owner_(owner),
         peerPid_(peerPid),
-        peerIsUs_(peerIsUs),
+        checkPid_(checkPid),
         peer_(spec.peer) {
     fifo_.ctrl = static_cast<FifoCtrl*>(base);
     fifo_.slots = static_cast<char*>(base) + sizeof(FifoCtrl);
@@ -58,12 +58,26 @@ class ShmConnection : public Connection {
       return remoteError("rank " + std::to_string(peer_) +
                          " left the operation (its communicator failed or was aborted)");
     }
-    // A peer process that died cannot say so: check that it still exists.
-    if (!peerIsUs_ && kill(static_cast<pid_t>(peerPid_), 0) != 0 && errno == ESRCH) {
+    // A peer process that died cannot say so: check that it still exists (and is not a
+    // zombie its parent has yet to reap). Only meaningful inside one pid namespace.
+    if (checkPid_ && !processAlive(static_cast<pid_t>(peerPid_))) {
       return remoteError("rank " + std::to_string(peer_) + " (pid " + std::to_string(peerPid_) +
                          ", same host, shm) exited");
     }
     return Status::Ok();
+  }
+
+  static bool processAlive(pid_t pid) {
+    if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+    FILE* f = fopen(path, "r");
+    if (!f) return true;  // no /proc: trust kill()
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char* close = strrchr(buf, ')');  // the command name may contain anything
+    return !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
   }
   const char* transportName() const override { return "shm"; }
 
@@ -73,7 +87,7 @@ class ShmConnection : public Connection {
   std::string name_;
   bool owner_;
   int64_t peerPid_;
-  bool peerIsUs_;
+  bool checkPid_;  // another process in our pid namespace
   int peer_;
 };
 
@@ -116,7 +130,7 @@ class ShmTransport : public Transport {
     memcpy(out->bytes, &d, sizeof(d));
     const PeerInfo& p = comm_.peers()[static_cast<size_t>(spec.peer)];
     return std::unique_ptr<Connection>(std::make_unique<ShmConnection>(
-        spec, base.value(), d.bytes, d.name, true, p.pid, p.pid == getpid()));
+        spec, base.value(), d.bytes, d.name, true, p.pid, checkPid(p)));
   }
 
   Result<std::unique_ptr<Connection>> connectSend(const ConnSpec& spec,
@@ -143,7 +157,7 @@ class ShmTransport : public Transport {
     }
     const PeerInfo& p = comm_.peers()[static_cast<size_t>(spec.peer)];
     return std::unique_ptr<Connection>(std::make_unique<ShmConnection>(
-        spec, base.value(), d.bytes, d.name, false, p.pid, p.pid == getpid()));
+        spec, base.value(), d.bytes, d.name, false, p.pid, checkPid(p)));
   }
 
  private:
@@ -151,6 +165,10 @@ class ShmTransport : public Transport {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return errnoStatus(std::string("shm: mmap ") + name, errno);
     return p;
+  }
+  bool checkPid(const PeerInfo& p) const {
+    const PeerInfo& me = comm_.peers()[static_cast<size_t>(comm_.rank())];
+    return p.pid != me.pid && p.pidNs == me.pidNs && me.pidNs != 0;
   }
   Comm& comm_;
 };
