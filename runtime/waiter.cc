@@ -29,11 +29,13 @@ void Waiter::nap() {
 bool Waiter::check(const transport::FifoView& f, const char* dir, Clock::time_point* since) {
   if (op_->failed()) return false;
   const Comm& comm = op_->comm();
-  std::string where = "rank " + std::to_string(comm.rank()) + ": " + op_->what() + ", " + dir +
-                      " rank " + std::to_string(f.peer) + " (channel " + std::to_string(f.channel) +
-                      ")";
+  // Built only when something failed: this runs often while a rank waits.
+  auto where = [&] {
+    return "rank " + std::to_string(comm.rank()) + ": " + op_->what() + ", " + dir + " rank " +
+           std::to_string(f.peer) + " (channel " + std::to_string(f.channel) + ")";
+  };
   if (comm.aborted()) {
-    op_->fail(internalError(where + ": the communicator was aborted (ncclCommAbort)"));
+    op_->fail(internalError(where() + ": the communicator was aborted (ncclCommAbort)"));
     return false;
   }
   auto now = Clock::now();
@@ -43,15 +45,15 @@ bool Waiter::check(const transport::FifoView& f, const char* dir, Clock::time_po
     if (f.conn) {
       Status h = f.conn->health();
       if (!h.ok()) {
-        op_->fail(Status(h.code(), where + ": " + h.message()));
+        op_->fail(Status(h.code(), where() + ": " + h.message()));
         return false;
       }
     }
   }
   if (now - *since >= std::chrono::duration<double>(op_->timeoutS())) {
-    op_->fail(timeoutError(where + ": no progress within " + std::to_string(int(op_->timeoutS())) +
-                           " s (TUTTI_TIMEOUT); rank " + std::to_string(f.peer) +
-                           " has not reached this operation"));
+    op_->fail(timeoutError(where() + ": no progress within " +
+                           std::to_string(int(op_->timeoutS())) + " s (TUTTI_TIMEOUT); rank " +
+                           std::to_string(f.peer) + " has not reached this operation"));
     return false;
   }
   return true;
