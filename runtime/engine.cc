@@ -216,6 +216,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
   Waiter w(&state);
   const size_t slot = comm_.links().slotBytes();
   Waiter::Clock::time_point since{};
+  Status lastChance;
   for (uint32_t idle = 0;;) {
     bool moved = false, pending = false;
     for (auto& [peer, q] : sends) {
@@ -261,6 +262,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
     if (moved) {
       idle = 0;
       since = {};
+      lastChance = Status::Ok();
       continue;
     }
     ++idle;
@@ -272,14 +274,19 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
       nanosleep(&ts, nullptr);
     }
     if ((idle & 31) != 0) continue;
+    // A problem found now fails the operation only if the next pass moves nothing: a peer
+    // may have delivered its last slots just before it left.
+    if (!lastChance.ok()) {
+      w.fail(lastChance);
+      return state.status();
+    }
     for (auto& [peer, q] : sends) {
-      if (!q.empty() && !w.check(*comm_.links().send(peer, 0), "sending to", &since))
-        return state.status();
+      if (q.empty() || !lastChance.ok()) continue;
+      lastChance = w.problem(*comm_.links().send(peer, 0), "sending to", &since);
     }
     for (auto& [peer, q] : recvs) {
-      if (!q.empty() && !w.check(*comm_.links().recv(peer, 0), "receiving from", &since)) {
-        return state.status();
-      }
+      if (q.empty() || !lastChance.ok()) continue;
+      lastChance = w.problem(*comm_.links().recv(peer, 0), "receiving from", &since);
     }
   }
 }

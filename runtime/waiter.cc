@@ -26,8 +26,8 @@ void Waiter::nap() {
   nanosleep(&ts, nullptr);
 }
 
-bool Waiter::check(const transport::FifoView& f, const char* dir, Clock::time_point* since) {
-  if (op_->failed()) return false;
+Status Waiter::problem(const transport::FifoView& f, const char* dir, Clock::time_point* since) {
+  if (op_->failed()) return op_->status();
   const Comm& comm = op_->comm();
   // Built only when something failed: this runs often while a rank waits.
   auto where = [&] {
@@ -35,8 +35,7 @@ bool Waiter::check(const transport::FifoView& f, const char* dir, Clock::time_po
            std::to_string(f.peer) + " (channel " + std::to_string(f.channel) + ")";
   };
   if (comm.aborted()) {
-    op_->fail(internalError(where() + ": the communicator was aborted (ncclCommAbort)"));
-    return false;
+    return internalError(where() + ": the communicator was aborted (ncclCommAbort)");
   }
   auto now = Clock::now();
   if (since->time_since_epoch().count() == 0) *since = now;
@@ -45,18 +44,16 @@ bool Waiter::check(const transport::FifoView& f, const char* dir, Clock::time_po
     if (f.conn) {
       Status h = f.conn->health();
       if (!h.ok()) {
-        op_->fail(Status(h.code(), where() + ": " + h.message()));
-        return false;
+        return Status(h.code(), where() + ": " + h.message());
       }
     }
   }
   if (now - *since >= std::chrono::duration<double>(op_->timeoutS())) {
-    op_->fail(timeoutError(where() + ": no progress within " +
-                           std::to_string(int(op_->timeoutS())) + " s (TUTTI_TIMEOUT); rank " +
-                           std::to_string(f.peer) + " has not reached this operation"));
-    return false;
+    return timeoutError(where() + ": no progress within " + std::to_string(int(op_->timeoutS())) +
+                        " s (TUTTI_TIMEOUT); rank " + std::to_string(f.peer) +
+                        " has not reached this operation");
   }
-  return true;
+  return Status::Ok();
 }
 
 }  // namespace tutti

@@ -56,14 +56,28 @@ class Waiter {
       } else {
         nap();
       }
-      if ((i & 31) == 0 && !check(f, dir, &since)) return false;
+      if ((i & 31) == 0) {
+        Status s = problem(f, dir, &since);
+        if (s.ok()) continue;
+        // The peer may have delivered and then left (or closed) since ready() was last false:
+        // what it delivered still counts.
+        if (ready()) return true;
+        op_->fail(s);
+        return false;
+      }
     }
   }
   using Clock = std::chrono::steady_clock;
   // Re-checks the abort flag, the peer and the deadline now; false when it failed. `since`
   // is when this wait began (set on the first check): the deadline is for one wait without
   // progress, not for the whole operation.
-  bool check(const transport::FifoView& f, const char* dir, Clock::time_point* since);
+  bool check(const transport::FifoView& f, const char* dir, Clock::time_point* since) {
+    Status s = problem(f, dir, since);
+    if (!s.ok()) op_->fail(s);
+    return s.ok();
+  }
+  // The same, without recording the failure: the caller may still find its data arrived.
+  Status problem(const transport::FifoView& f, const char* dir, Clock::time_point* since);
   bool failed() const { return op_->failed(); }
   void fail(const Status& s) { op_->fail(s); }
   OpState* op() const { return op_; }
