@@ -73,16 +73,6 @@ int Engine::channelsFor(size_t bytes) const {
   return static_cast<int>(std::clamp<size_t>(want, size_t(minChannels_), size_t(maxChannels_)));
 }
 
-std::string Engine::describe(const CollArgs& op, uint64_t seq) const {
-  std::string s = std::string(op.name) + " seq " + std::to_string(seq) + " (" +
-                  std::to_string(op.count) + " x " + dtypeName(op.dtype);
-  if (op.op >= 0) s += std::string(", ") + redOpName(op.op);
-  if (op.kind == CollKind::kBroadcast || op.kind == CollKind::kReduce) {
-    s += ", root " + std::to_string(op.root);
-  }
-  return s + ")";
-}
-
 void Engine::runAsync(const std::vector<CollArgs>* ops, Status* out) {
   runner_.post([this, ops, out] { *out = run(*ops); });
 }
@@ -133,22 +123,24 @@ Status Engine::runCollective(const CollArgs& op) {
              static_cast<void*>(op.recv), op.count, op.dtype, op.op, op.root,
              static_cast<void*>(&comm_), n, nch);
 
-  std::vector<transport::FifoView*> sendTo(size_t(nch), nullptr), recvFrom(size_t(nch), nullptr);
-  if (n > 1 && count > 0) {
+  OpState state(comm_, &op, seq, 0, timeoutS_);
+  transport::FifoView** sendTo = ringSend_;
+  transport::FifoView** recvFrom = ringRecv_;
+  if (n > 1 && count > 0 && !ringSend_[nch - 1]) {  // channels are set up in order
     const int next = (r + 1) % n, prev = (r + n - 1) % n;
     std::vector<LinkNeed> needs;
     for (int c = 0; c < nch; ++c) {
       needs.push_back({next, c, true});
       needs.push_back({prev, c, false});
     }
-    TUTTI_TRY(comm_.links().ensure(needs).withContext("rank " + std::to_string(r) + ": " +
-                                                      describe(op, seq)));
+    Status s = comm_.links().ensure(needs);
+    if (!s.ok()) return s.withContext("rank " + std::to_string(r) + ": " + state.what());
     for (int c = 0; c < nch; ++c) {
-      sendTo[size_t(c)] = comm_.links().send(next, c);
-      recvFrom[size_t(c)] = comm_.links().recv(prev, c);
+      ringSend_[c] = comm_.links().send(next, c);
+      ringRecv_[c] = comm_.links().recv(prev, c);
     }
   }
-  OpState state(comm_, describe(op, seq), timeoutS_);
+
   const size_t chunk = comm_.links().slotBytes() / (bytes ? 1 : elem);
   // Each channel takes a contiguous share, a multiple of 64 units so shares stay aligned.
   const size_t per = ((count + size_t(nch) - 1) / size_t(nch) + 63) / 64 * 64;
@@ -156,7 +148,7 @@ Status Engine::runCollective(const CollArgs& op) {
     size_t base = std::min(per * size_t(c), count);
     algo::RingArgs ra{r, n, op.root, base, std::min(per, count - base), count, chunk};
     Waiter w(&state);
-    cpu::runRingChannel(op, ra, sendTo[size_t(c)], recvFrom[size_t(c)], &w);
+    cpu::runRingChannel(op, ra, sendTo[c], recvFrom[c], &w);
   };
   for (int c = 1; c < nch; ++c) {
     channelWorkers_[size_t(c - 1)]->post([&runChannel, c] { runChannel(c); });
@@ -193,11 +185,10 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
     (isSend ? sends : recvs)[op->root].push_back({op, bytes});
     needs.push_back({op->root, 0, isSend});
   }
-  std::string what =
-      "group of " + std::to_string(ops.size()) + " send/recv (seq " + std::to_string(seq) + ")";
+  OpState state(comm_, nullptr, seq, ops.size(), timeoutS_);
   // Sends to self meet receives from self in order; they must agree in size.
   if (selfSends.size() != selfRecvs.size()) {
-    return invalidUsage("rank " + std::to_string(me) + ": " + what + " has " +
+    return invalidUsage("rank " + std::to_string(me) + ": " + state.what() + " has " +
                         std::to_string(selfSends.size()) + " send(s) to itself but " +
                         std::to_string(selfRecvs.size()) + " receive(s) from itself");
   }
@@ -210,9 +201,9 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
     memmove(selfRecvs[i].op->recv, selfSends[i].op->send, selfSends[i].bytes);
   }
   if (needs.empty()) return Status::Ok();
-  TUTTI_TRY(comm_.links().ensure(needs).withContext("rank " + std::to_string(me) + ": " + what));
-
-  OpState state(comm_, what, timeoutS_);
+  if (Status s = comm_.links().ensure(needs); !s.ok()) {
+    return s.withContext("rank " + std::to_string(me) + ": " + state.what());
+  }
   Waiter w(&state);
   const size_t slot = comm_.links().slotBytes();
   Waiter::Clock::time_point since{};
@@ -247,7 +238,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
           return invalidUsage("rank " + std::to_string(me) + ": rank " + std::to_string(peer) +
                               " sent a message of " + (last ? "" : "more than ") +
                               std::to_string(it.done + n) + " bytes to a receive of " +
-                              std::to_string(it.bytes) + " bytes (" + what + ")");
+                              std::to_string(it.bytes) + " bytes (" + state.what() + ")");
         }
         memcpy(static_cast<char*>(it.op->recv) + it.done, f.slot(f.step), n);
         it.done += n;

@@ -13,6 +13,7 @@
 #include "runtime/coll_args.h"
 #include "runtime/status.h"
 #include "runtime/workers.h"
+#include "transports/transport.h"
 
 namespace tutti {
 
@@ -37,13 +38,16 @@ class Engine {
  private:
   Status runCollective(const CollArgs& op);
   Status runP2p(const std::vector<const CollArgs*>& ops);
-  std::string describe(const CollArgs& op, uint64_t seq) const;
 
   Comm& comm_;
   int minChannels_, maxChannels_;
   double timeoutS_;
   std::mutex mu_;  // one group at a time per communicator
   std::vector<std::unique_ptr<Worker>> channelWorkers_;
+  // Ring links per channel once made (the common case skips Links entirely).
+  static constexpr int kMaxChannels = 16;
+  transport::FifoView* ringSend_[kMaxChannels] = {};
+  transport::FifoView* ringRecv_[kMaxChannels] = {};
   Worker runner_;
 };
 

@@ -3,11 +3,27 @@
 #include <time.h>
 
 #include "runtime/comm.h"
+#include "runtime/dtype.h"
 
 namespace tutti {
 
-OpState::OpState(const Comm& comm, std::string what, double timeoutS)
-    : comm_(comm), what_(std::move(what)), timeoutS_(timeoutS) {}
+OpState::OpState(const Comm& comm, const CollArgs* op, uint64_t seq, size_t groupSize,
+                 double timeoutS)
+    : comm_(comm), op_(op), seq_(seq), groupSize_(groupSize), timeoutS_(timeoutS) {}
+
+std::string OpState::what() const {
+  if (!op_) {
+    return "group of " + std::to_string(groupSize_) + " send/recv (seq " + std::to_string(seq_) +
+           ")";
+  }
+  std::string s = std::string(op_->name) + " seq " + std::to_string(seq_) + " (" +
+                  std::to_string(op_->count) + " x " + dtypeName(op_->dtype);
+  if (op_->op >= 0) s += std::string(", ") + redOpName(op_->op);
+  if (op_->kind == CollKind::kBroadcast || op_->kind == CollKind::kReduce) {
+    s += ", root " + std::to_string(op_->root);
+  }
+  return s + ")";
+}
 
 void OpState::fail(const Status& s) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -39,7 +55,9 @@ Status Waiter::problem(const transport::FifoView& f, const char* dir, Clock::tim
   }
   auto now = Clock::now();
   if (since->time_since_epoch().count() == 0) *since = now;
-  if (now >= nextHealth_) {
+  // Health checks cost system calls (shm: kill + /proc): only for waits that have already
+  // lasted a while, and then at most every 50 ms.
+  if (now - *since >= std::chrono::milliseconds(1) && now >= nextHealth_) {
     nextHealth_ = now + std::chrono::milliseconds(50);
     if (f.conn) {
       Status h = f.conn->health();

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "runtime/coll_args.h"
 #include "runtime/status.h"
 #include "transports/transport.h"
 
@@ -22,17 +23,21 @@ class Comm;
 // Shared by the channels of one operation.
 class OpState {
  public:
-  OpState(const Comm& comm, std::string what, double timeoutS);
+  // op: the collective, or nullptr for a group of `groupSize` send/recv operations.
+  OpState(const Comm& comm, const CollArgs* op, uint64_t seq, size_t groupSize, double timeoutS);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   void fail(const Status& s);
   Status status() const;
   const Comm& comm() const { return comm_; }
-  const std::string& what() const { return what_; }
+  // "ncclAllReduce seq 4 (1024 x float, sum)"; built only when a message needs it.
+  std::string what() const;
   double timeoutS() const { return timeoutS_; }
 
  private:
   const Comm& comm_;
-  std::string what_;  // "ncclAllReduce seq 4 (1024 x float, sum)"
+  const CollArgs* op_;
+  uint64_t seq_;
+  size_t groupSize_;
   double timeoutS_;
   std::atomic<bool> failed_{false};
   mutable std::mutex mu_;
