@@ -80,6 +80,20 @@ TUTTI_HD void ringAllReduce(P& p, const RingArgs& a) {
   }
 }
 
+// Two ranks: each sends its whole input and reduces the other's into its output, one step
+// per slot instead of the ring's two. Both ranks compute post(pre(a) op pre(b)) with the
+// operands swapped, which gives identical bits only when the op is commutative and no
+// pre-scaling rounds one side: the selector uses it for that case and small messages.
+template <class P>
+TUTTI_HD void pairAllReduce(P& p, const RingArgs& a) {
+  for (size_t done = 0; done < a.count; done += a.chunk) {
+    const int len = static_cast<int>(minSize(a.chunk, a.count - done));
+    const size_t at = a.base + done;
+    p.send(at, len);
+    p.recvReduceCopy(at, at, len);
+  }
+}
+
 // Input: nranks blocks of `stride`; block j ends, fully reduced, in rank j's output.
 template <class P>
 TUTTI_HD void ringReduceScatter(P& p, const RingArgs& a) {

@@ -58,6 +58,15 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
       static_cast<int>(std::clamp<int64_t>(env::getInt("NCCL_MIN_NCHANNELS", 1), 1, kChannelCap));
   maxChannels_ = std::max(maxChannels_, minChannels_);
   timeoutS_ = env::getDouble("TUTTI_TIMEOUT", 1800);
+  pairMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_PAIR_MAX_BYTES", 64 << 10));
+  // With a core per rank, waits busy-poll (answers come in well under a microsecond); with
+  // more ranks than cores on this host they yield almost at once, or the rank being waited
+  // for never gets to run.
+  const PeerInfo& me = comm.peers()[size_t(comm.rank())];
+  int local = 0;
+  for (const PeerInfo& q : comm.peers()) local += q.hostHash == me.hostHash;
+  const bool oversubscribed = local > me.cpus;
+  spin_ = static_cast<uint32_t>(env::getInt("TUTTI_SPIN", oversubscribed ? 64 : (1 << 17)));
   if (timeoutS_ <= 0) timeoutS_ = 1e9;
   for (int c = 1; c < maxChannels_; ++c) {
     channelWorkers_.push_back(std::make_unique<Worker>(comm.cudaDev()));
@@ -116,6 +125,12 @@ Status Engine::runCollective(const CollArgs& op) {
   size_t total = op.count * elem;
   if (op.kind == CollKind::kAllGather || op.kind == CollKind::kReduceScatter) total *= size_t(n);
   const int nch = n == 1 ? 1 : channelsFor(total);
+  // Two ranks, a small all-reduce, no pre-scaling: one exchange beats the ring's two steps.
+  // (Over shm the ring is as fast for small messages and faster for larger ones.)
+  const cpu::Algo algo = op.kind == CollKind::kAllReduce && n == 2 && !op.red.pre &&
+                                 total <= pairMaxBytes_ && comm_.links().usesNet((r + 1) % n)
+                             ? cpu::Algo::kPair
+                             : cpu::Algo::kRing;
   TUTTI_INFO(log::kColl,
              "%s: opCount %llx sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm "
              "%p [nranks=%d] nchannels %d",
@@ -124,6 +139,7 @@ Status Engine::runCollective(const CollArgs& op) {
              static_cast<void*>(&comm_), n, nch);
 
   OpState state(comm_, &op, seq, 0, timeoutS_);
+  state.setSpinIterations(spin_);
   transport::FifoView** sendTo = ringSend_;
   transport::FifoView** recvFrom = ringRecv_;
   if (n > 1 && count > 0 && !ringSend_[nch - 1]) {  // channels are set up in order
@@ -148,7 +164,7 @@ Status Engine::runCollective(const CollArgs& op) {
     size_t base = std::min(per * size_t(c), count);
     algo::RingArgs ra{r, n, op.root, base, std::min(per, count - base), count, chunk};
     Waiter w(&state);
-    cpu::runRingChannel(op, ra, sendTo[c], recvFrom[c], &w);
+    cpu::runRingChannel(op, algo, ra, sendTo[c], recvFrom[c], &w);
   };
   for (int c = 1; c < nch; ++c) {
     channelWorkers_[size_t(c - 1)]->post([&runChannel, c] { runChannel(c); });
@@ -186,6 +202,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
     needs.push_back({op->root, 0, isSend});
   }
   OpState state(comm_, nullptr, seq, ops.size(), timeoutS_);
+  state.setSpinIterations(spin_);
   // Sends to self meet receives from self in order; they must agree in size.
   if (selfSends.size() != selfRecvs.size()) {
     return invalidUsage("rank " + std::to_string(me) + ": " + state.what() + " has " +
@@ -221,7 +238,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
         f.ctrl->sizes[f.step % transport::kSteps].store(
             n | (it.done == it.bytes ? transport::kLastSlot : 0), std::memory_order_relaxed);
         f.ctrl->tail.store(++f.step, std::memory_order_release);
-        if (f.conn->doorbell()) f.conn->doorbell()->ring();
+        if (f.conn->drivesIo()) f.conn->kick();
         moved = true;
         if (it.done == it.bytes) q.pop_front();
       }
@@ -243,7 +260,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
         memcpy(static_cast<char*>(it.op->recv) + it.done, f.slot(f.step), n);
         it.done += n;
         f.ctrl->head.store(++f.step, std::memory_order_release);
-        if (f.conn->doorbell()) f.conn->doorbell()->ring();
+        if (f.conn->drivesIo()) f.conn->kick();
         moved = true;
         if (it.done == it.bytes) q.pop_front();
       }
@@ -257,14 +274,16 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
       continue;
     }
     ++idle;
-    if (idle < 64) continue;
-    if (idle < 4096) {
+    if (idle < spin_) {
+      cpuRelax();
+      if ((idle & 4095) != 4095) continue;
+    } else if (idle - spin_ < 4096) {
       sched_yield();
     } else {
       timespec ts{0, 50 * 1000};
       nanosleep(&ts, nullptr);
     }
-    if ((idle & 31) != 0) continue;
+    if (idle >= spin_ && (idle & 31) != 0) continue;
     // A problem found now fails the operation only if the next pass moves nothing: a peer
     // may have delivered its last slots just before it left.
     if (!lastChance.ok()) {

@@ -42,6 +42,9 @@ class Engine {
   Comm& comm_;
   int minChannels_, maxChannels_;
   double timeoutS_;
+  size_t pairMaxBytes_;
+  uint32_t spin_;  // pause-loop iterations before a wait yields (few when oversubscribed)  //
+                   // two-rank all-reduces up to this size use the pair exchange
   std::mutex mu_;  // one group at a time per communicator
   std::vector<std::unique_ptr<Worker>> channelWorkers_;
   // Ring links per channel once made (the common case skips Links entirely).

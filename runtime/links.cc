@@ -36,6 +36,11 @@ Links::~Links() {
   conns_.clear();
 }
 
+bool Links::usesNet(int peer) const {
+  return shmDisabled_ || comm_.peers()[static_cast<size_t>(peer)].hostHash !=
+                             comm_.peers()[static_cast<size_t>(comm_.rank())].hostHash;
+}
+
 Result<transport::Transport*> Links::transportFor(int peer) {
   const PeerInfo& me = comm_.peers()[static_cast<size_t>(comm_.rank())];
   const PeerInfo& p = comm_.peers()[static_cast<size_t>(peer)];

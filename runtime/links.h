@@ -41,6 +41,8 @@ class Links {
   // Tells every peer that this rank has left (after a failure or an abort).
   void breakAll();
   size_t slotBytes() const { return slotBytes_; }
+  // Whether the link to peer goes over the network transport (not shared memory).
+  bool usesNet(int peer) const;
   // The transport that reaches peer, or an error naming what is missing.
   Result<transport::Transport*> transportFor(int peer);
 

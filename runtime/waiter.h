@@ -20,6 +20,14 @@ namespace tutti {
 
 class Comm;
 
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // Shared by the channels of one operation.
 class OpState {
  public:
@@ -32,12 +40,16 @@ class OpState {
   // "ncclAllReduce seq 4 (1024 x float, sum)"; built only when a message needs it.
   std::string what() const;
   double timeoutS() const { return timeoutS_; }
+  // Pause-loop iterations before a wait starts yielding the core.
+  uint32_t spinIterations() const { return spin_; }
+  void setSpinIterations(uint32_t n) { spin_ = n; }
 
  private:
   const Comm& comm_;
   const CollArgs* op_;
   uint64_t seq_;
   size_t groupSize_;
+  uint32_t spin_ = 64;
   double timeoutS_;
   std::atomic<bool> failed_{false};
   mutable std::mutex mu_;
@@ -53,15 +65,26 @@ class Waiter {
   bool until(Ready ready, const transport::FifoView& f, const char* dir) {
     if (op_->failed()) return false;
     Clock::time_point since{};
+    const bool drive = f.conn && f.conn->drivesIo();
+    const uint32_t spin = op_->spinIterations();
     for (uint32_t i = 0;; ++i) {
       if (ready()) return true;
-      if (i < 64) continue;
-      if (i < 4096) {
-        sched_yield();
+      if (drive) f.conn->poll();  // tcp: read / write the socket on this thread
+      if (i < spin) {
+        // Busy-wait while every rank has a core of its own (the answer is usually a few
+        // hundred nanoseconds away); look around only now and then.
+        cpuRelax();
+        if ((i & 4095) != 4095) continue;
       } else {
-        nap();
+        // Then give the core away: yield, later nap.
+        if (i - spin < 4096) {
+          sched_yield();
+        } else {
+          nap();
+        }
+        if ((i & 31) != 0) continue;
       }
-      if ((i & 31) == 0) {
+      {
         Status s = problem(f, dir, &since);
         if (s.ok()) continue;
         // The peer may have delivered and then left (or closed) since ready() was last false:

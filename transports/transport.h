@@ -54,18 +54,17 @@ struct FifoView {
   char* slot(uint64_t s) const { return slots + (s % kSteps) * slotBytes; }
 };
 
-// Wakes a transport's proxy thread after the engine published a counter (null: none needed).
-class Doorbell {
- public:
-  virtual ~Doorbell() = default;
-  virtual void ring() = 0;
-};
-
 class Connection {
  public:
   virtual ~Connection() = default;
   FifoView& fifo() { return fifo_; }
-  Doorbell* doorbell() const { return bell_; }
+  // Whether kick()/poll() do anything (tcp); shm connections skip the calls.
+  bool drivesIo() const { return drivesIo_; }
+  // The engine published a counter: move bytes now, on the caller's thread where possible,
+  // and hand the rest to the transport's proxy.
+  virtual void kick() {}
+  // A waiting engine lends its thread: make what progress is possible without blocking.
+  virtual void poll() {}
   // Ok while the connection is usable; a RemoteError naming the peer once it is not.
   virtual Status health() const = 0;
   // Receiver side: completes the setup once the sender has connected.
@@ -80,7 +79,7 @@ class Connection {
 
  protected:
   FifoView fifo_;
-  Doorbell* bell_ = nullptr;
+  bool drivesIo_ = false;
 };
 
 // Carries the receiver's setup information to the sender over the bootstrap.

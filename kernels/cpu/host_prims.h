@@ -89,7 +89,7 @@ class HostPrims {
     f.ctrl->sizes[f.step % transport::kSteps].store(uint64_t(n) * sizeof(T),
                                                     std::memory_order_relaxed);
     f.ctrl->tail.store(++f.step, std::memory_order_release);
-    if (f.conn->doorbell()) f.conn->doorbell()->ring();
+    if (f.conn->drivesIo()) f.conn->kick();
   }
   const T* acquireRecv(int n) {
     transport::FifoView& f = *recvFrom_;
@@ -111,7 +111,7 @@ class HostPrims {
   void releaseRecv() {
     transport::FifoView& f = *recvFrom_;
     f.ctrl->head.store(++f.step, std::memory_order_release);
-    if (f.conn->doorbell()) f.conn->doorbell()->ring();
+    if (f.conn->drivesIo()) f.conn->kick();
   }
 
   transport::FifoView* sendTo_;

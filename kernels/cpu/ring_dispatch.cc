@@ -10,8 +10,8 @@ namespace tutti::cpu {
 namespace {
 
 template <typename T, RedFn F>
-void runReduction(const CollArgs& op, const algo::RingArgs& ra, transport::FifoView* sendTo,
-                  transport::FifoView* recvFrom, Waiter* w) {
+void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
+                  transport::FifoView* sendTo, transport::FifoView* recvFrom, Waiter* w) {
   using E = Elem<T>;
   Reducer<T, F> fn;
   if (op.red.pre) {
@@ -28,7 +28,11 @@ void runReduction(const CollArgs& op, const algo::RingArgs& ra, transport::FifoV
                                 static_cast<T*>(op.recv), fn, w);
   switch (op.kind) {
     case CollKind::kAllReduce:
-      algo::ringAllReduce(p, ra);
+      if (algo == Algo::kPair) {
+        algo::pairAllReduce(p, ra);
+      } else {
+        algo::ringAllReduce(p, ra);
+      }
       break;
     case CollKind::kReduceScatter:
       algo::ringReduceScatter(p, ra);
@@ -42,17 +46,17 @@ void runReduction(const CollArgs& op, const algo::RingArgs& ra, transport::FifoV
 }
 
 template <typename T>
-void byFn(const CollArgs& op, const algo::RingArgs& ra, transport::FifoView* s,
+void byFn(const CollArgs& op, Algo algo, const algo::RingArgs& ra, transport::FifoView* s,
           transport::FifoView* r, Waiter* w) {
   switch (static_cast<RedFn>(op.red.fn)) {
     case RedFn::kSum:
-      return runReduction<T, RedFn::kSum>(op, ra, s, r, w);
+      return runReduction<T, RedFn::kSum>(op, algo, ra, s, r, w);
     case RedFn::kProd:
-      return runReduction<T, RedFn::kProd>(op, ra, s, r, w);
+      return runReduction<T, RedFn::kProd>(op, algo, ra, s, r, w);
     case RedFn::kMax:
-      return runReduction<T, RedFn::kMax>(op, ra, s, r, w);
+      return runReduction<T, RedFn::kMax>(op, algo, ra, s, r, w);
     case RedFn::kMin:
-      return runReduction<T, RedFn::kMin>(op, ra, s, r, w);
+      return runReduction<T, RedFn::kMin>(op, algo, ra, s, r, w);
   }
 }
 
@@ -62,7 +66,7 @@ bool movesBytes(CollKind kind) {
   return kind == CollKind::kAllGather || kind == CollKind::kBroadcast;
 }
 
-void runRingChannel(const CollArgs& op, const algo::RingArgs& ra, transport::FifoView* s,
+void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra, transport::FifoView* s,
                     transport::FifoView* r, Waiter* w) {
   if (movesBytes(op.kind)) {
     HostPrims<uint8_t, CopyOnly> p(s, r, static_cast<const uint8_t*>(op.send),
@@ -76,29 +80,29 @@ void runRingChannel(const CollArgs& op, const algo::RingArgs& ra, transport::Fif
   }
   switch (op.dtype) {
     case ncclInt8:
-      return byFn<int8_t>(op, ra, s, r, w);
+      return byFn<int8_t>(op, algo, ra, s, r, w);
     case ncclUint8:
-      return byFn<uint8_t>(op, ra, s, r, w);
+      return byFn<uint8_t>(op, algo, ra, s, r, w);
     case ncclInt32:
-      return byFn<int32_t>(op, ra, s, r, w);
+      return byFn<int32_t>(op, algo, ra, s, r, w);
     case ncclUint32:
-      return byFn<uint32_t>(op, ra, s, r, w);
+      return byFn<uint32_t>(op, algo, ra, s, r, w);
     case ncclInt64:
-      return byFn<int64_t>(op, ra, s, r, w);
+      return byFn<int64_t>(op, algo, ra, s, r, w);
     case ncclUint64:
-      return byFn<uint64_t>(op, ra, s, r, w);
+      return byFn<uint64_t>(op, algo, ra, s, r, w);
     case ncclFloat16:
-      return byFn<half_t>(op, ra, s, r, w);
+      return byFn<half_t>(op, algo, ra, s, r, w);
     case ncclFloat32:
-      return byFn<float>(op, ra, s, r, w);
+      return byFn<float>(op, algo, ra, s, r, w);
     case ncclFloat64:
-      return byFn<double>(op, ra, s, r, w);
+      return byFn<double>(op, algo, ra, s, r, w);
     case ncclBfloat16:
-      return byFn<bf16_t>(op, ra, s, r, w);
+      return byFn<bf16_t>(op, algo, ra, s, r, w);
     case ncclFloat8e4m3:
-      return byFn<fp8e4m3_t>(op, ra, s, r, w);
+      return byFn<fp8e4m3_t>(op, algo, ra, s, r, w);
     case ncclFloat8e5m2:
-      return byFn<fp8e5m2_t>(op, ra, s, r, w);
+      return byFn<fp8e5m2_t>(op, algo, ra, s, r, w);
     default:
       w->fail(internalError("unknown datatype " + std::to_string(op.dtype)));
   }

@@ -10,7 +10,8 @@ namespace tutti::cpu {
 
 // Copy-only collectives (AllGather, Broadcast) run on bytes: counts in ra are in bytes.
 bool movesBytes(CollKind kind);
-void runRingChannel(const CollArgs& op, const algo::RingArgs& ra, transport::FifoView* sendTo,
-                    transport::FifoView* recvFrom, Waiter* w);
+enum class Algo { kRing, kPair };
+void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
+                    transport::FifoView* sendTo, transport::FifoView* recvFrom, Waiter* w);
 
 }  // namespace tutti::cpu

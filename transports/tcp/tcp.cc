@@ -56,8 +56,9 @@ struct SockState {
 
 class TcpConnection : public Connection {
  public:
-  TcpConnection(const ConnSpec& spec, bool sending, Doorbell* bell, std::string peerName)
-      : sending_(sending), peerName_(std::move(peerName)) {
+  TcpConnection(const ConnSpec& spec, bool sending, std::function<void()> wakeProxy,
+                std::string peerName)
+      : sending_(sending), peerName_(std::move(peerName)), wakeProxy_(std::move(wakeProxy)) {
     bytes_ = (sizeof(FifoCtrl) + kSteps * spec.slotBytes + 63) / 64 * 64;
     mem_ = static_cast<char*>(aligned_alloc(64, bytes_));
     auto* ctrl = new (mem_) FifoCtrl();
@@ -71,7 +72,7 @@ class TcpConnection : public Connection {
     fifo_.peer = spec.peer;
     fifo_.channel = spec.channel;
     fifo_.conn = this;
-    bell_ = bell;
+    drivesIo_ = true;
   }
   ~TcpConnection() override { free(mem_); }
 
@@ -110,7 +111,24 @@ class TcpConnection : public Connection {
   Status finish() override { return finisher_ ? finisher_() : Status::Ok(); }
   void setFinisher(std::function<Status()> f) { finisher_ = std::move(f); }
 
-  // One non-blocking pass; true when any byte moved.
+  // The engine's thread does the socket I/O itself when it can (no hand-off, as an MPI rank
+  // would); the proxy only carries on with what is left.
+  void poll() override {
+    std::unique_lock<std::mutex> lock(ioMu_, std::try_to_lock);
+    if (lock.owns_lock()) progress();
+  }
+  void kick() override {
+    if (sending_) poll();
+    if (!drained()) wakeProxy_();
+  }
+  // The proxy's pass: true when any byte moved.
+  bool proxyPass() {
+    std::unique_lock<std::mutex> lock(ioMu_, std::try_to_lock);
+    return lock.owns_lock() && progress();
+  }
+
+ private:
+  // One non-blocking pass; true when any byte moved. Caller holds ioMu_.
   bool progress() {
     if (failed_.load(std::memory_order_relaxed)) return false;
     bool moved = false;
@@ -128,6 +146,7 @@ class TcpConnection : public Connection {
     return moved;
   }
 
+ public:
   // Everything the engine posted has been written to the sockets (or the link failed).
   bool drained() const {
     return !sending_ || failed_.load(std::memory_order_acquire) ||
@@ -136,15 +155,16 @@ class TcpConnection : public Connection {
   }
 
   // The events each socket waits for now (0: nothing to do until the engine moves).
-  void pollEvents(std::vector<pollfd>* fds) const {
+  void pollEvents(std::vector<pollfd>* fds) {
     if (failed_.load(std::memory_order_relaxed)) return;
+    std::lock_guard<std::mutex> lock(ioMu_);
     for (auto& s : socks_) {
       if (s.closed) continue;
       if (sending_ && s.next < fifo_.ctrl->tail.load(std::memory_order_acquire)) {
         fds->push_back({s.sock.fd(), POLLOUT, 0});
-      } else if (!sending_ && s.next < fifo_.ctrl->head.load(std::memory_order_acquire) + kSteps) {
-        fds->push_back({s.sock.fd(), POLLIN, 0});
       }
+      // Receiving sockets are read by the engine while it waits for them; the proxy sleeping
+      // on them too would only wake up to fight it for the core.
     }
   }
 
@@ -258,9 +278,11 @@ class TcpConnection : public Connection {
   mutable std::mutex mu_;
   std::string failure_;
   std::function<Status()> finisher_;
+  std::function<void()> wakeProxy_;
+  std::mutex ioMu_;  // engine thread or proxy: one of them moves this connection's bytes
 };
 
-class TcpTransport : public Transport, public Doorbell {
+class TcpTransport : public Transport {
  public:
   explicit TcpTransport(Comm& comm) : comm_(comm) {
     nsocks_ = static_cast<int>(std::clamp<int64_t>(env::getInt("NCCL_NSOCKS_PERTHREAD", 2), 1, 16));
@@ -278,7 +300,8 @@ class TcpTransport : public Transport, public Doorbell {
     d.slotBytes = spec.slotBytes;
     d.nsocks = static_cast<uint32_t>(nsocks_);
     memcpy(out->bytes, &d, sizeof(d));
-    auto conn = std::make_unique<TcpConnection>(spec, false, this, peerName(spec.peer));
+    auto conn = std::make_unique<TcpConnection>(
+        spec, false, [this] { ring(); }, peerName(spec.peer));
     pendingRecv_.push_back({conn.get(), d.connId, spec.peer});
     TcpConnection* c = conn.get();
     conn->setFinisher([this, c] { return finishRecv(c); });
@@ -356,7 +379,8 @@ class TcpTransport : public Transport, public Doorbell {
       TUTTI_TRY(s.value().sendAll(&h, sizeof(h), deadline, comm_.abortFlag()));
       socks.push_back(s.take());
     }
-    auto conn = std::make_unique<TcpConnection>(spec, true, this, peerName(spec.peer));
+    auto conn = std::make_unique<TcpConnection>(
+        spec, true, [this] { ring(); }, peerName(spec.peer));
     conn->adopt(std::move(socks));
     addToProxy(conn.get());
     TUTTI_INFO(log::kNet, "rank %d -> rank %d channel %d: tcp via %s, %u sockets", comm_.rank(),
@@ -394,7 +418,7 @@ class TcpTransport : public Transport, public Doorbell {
     close(efd_);
   }
 
-  void ring() override {
+  void ring() {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (sleeping_.load(std::memory_order_relaxed)) {
       uint64_t one = 1;
@@ -453,13 +477,14 @@ class TcpTransport : public Transport, public Doorbell {
       bool moved = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        for (TcpConnection* c : conns_) moved |= c->progress();
+        for (TcpConnection* c : conns_) moved |= c->proxyPass();
       }
       if (moved) {
         idle = 0;
         continue;
       }
-      if (++idle < 64) {
+      // The engines do most I/O themselves: sleep soon rather than compete for the cores.
+      if (++idle < 8) {
         sched_yield();
         continue;
       }
