@@ -20,6 +20,10 @@ namespace {
 // Below this many bytes per channel another channel costs more than it gains.
 constexpr size_t kMinChannelBytes = 256 << 10;
 constexpr int kChannelCap = 16;
+// Mid-sized messages are cut into about this many steps per channel, but no step is smaller
+// than kMinChunkBytes (each step costs a counter round trip).
+constexpr size_t kPipelineSteps = 4;
+constexpr size_t kMinChunkBytes = 16 << 10;
 
 const char* kindName(CollKind k) {
   switch (k) {
@@ -66,7 +70,7 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   int local = 0;
   for (const PeerInfo& q : comm.peers()) local += q.hostHash == me.hostHash;
   const bool oversubscribed = local > me.cpus;
-  spin_ = static_cast<uint32_t>(env::getInt("TUTTI_SPIN", oversubscribed ? 64 : (1 << 17)));
+  spinNs_ = env::getInt("TUTTI_SPIN_NS", oversubscribed ? 0 : 50000);
   if (timeoutS_ <= 0) timeoutS_ = 1e9;
   for (int c = 1; c < maxChannels_; ++c) {
     channelWorkers_.push_back(std::make_unique<Worker>(comm.cudaDev()));
@@ -88,7 +92,7 @@ void Engine::runAsync(const std::vector<CollArgs>* ops, Status* out) {
 
 void Engine::waitAsync() { runner_.wait(); }
 
-Status Engine::run(const std::vector<CollArgs>& ops) {
+Status Engine::run(const CollArgs* ops, size_t nops) {
   std::lock_guard<std::mutex> lock(mu_);
   Code c = comm_.asyncCode();
   if (c != Code::kOk && c != Code::kInProgress) {
@@ -99,7 +103,8 @@ Status Engine::run(const std::vector<CollArgs>& ops) {
   }
   Status s;
   std::vector<const CollArgs*> p2p;
-  for (const CollArgs& op : ops) {
+  for (size_t i = 0; i < nops; ++i) {
+    const CollArgs& op = ops[i];
     if (op.kind == CollKind::kSend || op.kind == CollKind::kRecv) {
       p2p.push_back(&op);
       continue;
@@ -139,7 +144,7 @@ Status Engine::runCollective(const CollArgs& op) {
              static_cast<void*>(&comm_), n, nch);
 
   OpState state(comm_, &op, seq, 0, timeoutS_);
-  state.setSpinIterations(spin_);
+  state.setSpinNs(spinNs_);
   transport::FifoView** sendTo = ringSend_;
   transport::FifoView** recvFrom = ringRecv_;
   if (n > 1 && count > 0 && !ringSend_[nch - 1]) {  // channels are set up in order
@@ -157,7 +162,17 @@ Status Engine::runCollective(const CollArgs& op) {
     }
   }
 
-  const size_t chunk = comm_.links().slotBytes() / (bytes ? 1 : elem);
+  // A slot's worth per step for big messages; smaller steps for mid-sized ones, so that a
+  // message still crosses in several pipelined steps (copy-in on one side overlapping
+  // copy-out on the other) instead of one slot at a time in lock-step.
+  const size_t unit = bytes ? 1 : elem;
+  const size_t slotUnits = comm_.links().slotBytes() / unit;
+  const size_t perRankShare = op.kind == CollKind::kAllReduce ? count / size_t(n) : count;
+  const size_t minUnits = std::max<size_t>(kMinChunkBytes / unit, 1);
+  // Never more than a slot holds (a small NCCL_BUFFSIZE can make slots smaller than
+  // kMinChunkBytes).
+  const size_t chunk = std::min(
+      slotUnits, std::max(minUnits, (perRankShare / size_t(nch) / kPipelineSteps + 63) / 64 * 64));
   // Each channel takes a contiguous share, a multiple of 64 units so shares stay aligned.
   const size_t per = ((count + size_t(nch) - 1) / size_t(nch) + 63) / 64 * 64;
   auto runChannel = [&](int c) {
@@ -202,7 +217,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
     needs.push_back({op->root, 0, isSend});
   }
   OpState state(comm_, nullptr, seq, ops.size(), timeoutS_);
-  state.setSpinIterations(spin_);
+  state.setSpinNs(spinNs_);
   // Sends to self meet receives from self in order; they must agree in size.
   if (selfSends.size() != selfRecvs.size()) {
     return invalidUsage("rank " + std::to_string(me) + ": " + state.what() + " has " +
@@ -223,7 +238,8 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
   }
   Waiter w(&state);
   const size_t slot = comm_.links().slotBytes();
-  Waiter::Clock::time_point since{};
+  Waiter::Clock::time_point since{}, spinStart{};
+  bool spinning = spinNs_ > 0;
   Status lastChance;
   for (uint32_t idle = 0;;) {
     bool moved = false, pending = false;
@@ -270,20 +286,28 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
     if (moved) {
       idle = 0;
       since = {};
+      spinStart = {};
+      spinning = spinNs_ > 0;
       lastChance = Status::Ok();
       continue;
     }
     ++idle;
-    if (idle < spin_) {
+    if (spinning) {
       cpuRelax();
+      if ((idle & 255) != 255) continue;
+      auto t = Waiter::Clock::now();
+      if (spinStart.time_since_epoch().count() == 0) spinStart = t;
+      if (t - spinStart >= std::chrono::nanoseconds(spinNs_)) spinning = false, idle = 0;
       if ((idle & 4095) != 4095) continue;
-    } else if (idle - spin_ < 4096) {
-      sched_yield();
     } else {
-      timespec ts{0, 50 * 1000};
-      nanosleep(&ts, nullptr);
+      if (idle < 4096) {
+        sched_yield();
+      } else {
+        timespec ts{0, 50 * 1000};
+        nanosleep(&ts, nullptr);
+      }
+      if ((idle & 31) != 0) continue;
     }
-    if (idle >= spin_ && (idle & 31) != 0) continue;
     // A problem found now fails the operation only if the next pass moves nothing: a peer
     // may have delivered its last slots just before it left.
     if (!lastChance.ok()) {

@@ -26,7 +26,8 @@ class Engine {
   ~Engine();
 
   // One group's operations for this communicator, in the order they were issued.
-  Status run(const std::vector<CollArgs>& ops);
+  Status run(const CollArgs* ops, size_t n);
+  Status run(const std::vector<CollArgs>& ops) { return run(ops.data(), ops.size()); }
   // run() on this communicator's runner thread; wait with waitAsync().
   void runAsync(const std::vector<CollArgs>* ops, Status* out);
   void waitAsync();
@@ -43,9 +44,9 @@ class Engine {
   int minChannels_, maxChannels_;
   double timeoutS_;
   size_t pairMaxBytes_;
-  uint32_t spin_;  // pause-loop iterations before a wait yields (few when oversubscribed)  //
-                   // two-rank all-reduces up to this size use the pair exchange
-  std::mutex mu_;  // one group at a time per communicator
+  int64_t spinNs_;  // how long a wait busy-polls before yielding (0 when oversubscribed)  //
+                    // two-rank all-reduces up to this size use the pair exchange
+  std::mutex mu_;   // one group at a time per communicator
   std::vector<std::unique_ptr<Worker>> channelWorkers_;
   // Ring links per channel once made (the common case skips Links entirely).
   static constexpr int kMaxChannels = 16;

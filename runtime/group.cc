@@ -56,20 +56,20 @@ Status runBatches(std::vector<Batch>& batches) {
 
 }  // namespace
 
-Status submit(Comm* comm, std::vector<CollArgs> ops) {
+Status submit(Comm* comm, const CollArgs* ops, size_t n) {
   if (!active()) {
-    Status s = comm->engine().run(ops);
+    Status s = comm->engine().run(ops, n);
     comm->unpin();
     return s;
   }
   for (Batch& b : tGroup.batches) {
     if (b.comm == comm) {
-      b.ops.insert(b.ops.end(), ops.begin(), ops.end());
+      b.ops.insert(b.ops.end(), ops, ops + n);
       comm->unpin();  // the batch already holds a pin on this comm
       return Status::Ok();
     }
   }
-  tGroup.batches.push_back({comm, std::move(ops)});
+  tGroup.batches.push_back({comm, std::vector<CollArgs>(ops, ops + n)});
   return Status::Ok();
 }
 
@@ -106,6 +106,8 @@ Status end() {
   if (!batches.empty()) {
     if (first.ok()) first = runBatches(batches);
     for (Batch& b : batches) b.comm->unpin();
+    batches.clear();
+    if (tGroup.batches.empty()) tGroup.batches.swap(batches);  // keep the capacity
   }
   if (!first.ok()) return first;
   if (pending) return Status(Code::kInProgress, "nonblocking operations still in progress");

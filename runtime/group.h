@@ -27,7 +27,7 @@ void defer(std::shared_future<Status> work, bool blocking);
 // ncclGroupEnd, which runs every communicator's queue at once (one thread per communicator
 // beyond the first) so that one thread can drive the ranks of several communicators.
 // The comm must be pinned by the caller; submit() takes over that pin.
-Status submit(Comm* comm, std::vector<CollArgs> ops);
+Status submit(Comm* comm, const CollArgs* ops, size_t n);
 // Drops this thread's queued operations on comm (it is being aborted inside the group).
 void discard(Comm* comm);
 

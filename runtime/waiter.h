@@ -40,16 +40,16 @@ class OpState {
   // "ncclAllReduce seq 4 (1024 x float, sum)"; built only when a message needs it.
   std::string what() const;
   double timeoutS() const { return timeoutS_; }
-  // Pause-loop iterations before a wait starts yielding the core.
-  uint32_t spinIterations() const { return spin_; }
-  void setSpinIterations(uint32_t n) { spin_ = n; }
+  // How long a wait busy-polls before it starts yielding the core.
+  int64_t spinNs() const { return spinNs_; }
+  void setSpinNs(int64_t ns) { spinNs_ = ns; }
 
  private:
   const Comm& comm_;
   const CollArgs* op_;
   uint64_t seq_;
   size_t groupSize_;
-  uint32_t spin_ = 64;
+  int64_t spinNs_ = 0;
   double timeoutS_;
   std::atomic<bool> failed_{false};
   mutable std::mutex mu_;
@@ -66,18 +66,24 @@ class Waiter {
     if (op_->failed()) return false;
     Clock::time_point since{};
     const bool drive = f.conn && f.conn->drivesIo();
-    const uint32_t spin = op_->spinIterations();
+    // Busy-poll for up to spinNs (the answer is usually well under a microsecond away when
+    // the peer has a core), then give the core away: yield, later nap. Bounded in time, not
+    // iterations, so that ranks sharing cores (oversubscribed, or another job) hand over soon.
+    const int64_t spinNs = op_->spinNs();
+    Clock::time_point spinStart{};
+    bool spinning = spinNs > 0;
     for (uint32_t i = 0;; ++i) {
       if (ready()) return true;
       if (drive) f.conn->poll();  // tcp: read / write the socket on this thread
-      if (i < spin) {
-        // Busy-wait while every rank has a core of its own (the answer is usually a few
-        // hundred nanoseconds away); look around only now and then.
+      if (spinning) {
         cpuRelax();
+        if ((i & 255) != 255) continue;
+        Clock::time_point now = Clock::now();
+        if (spinStart.time_since_epoch().count() == 0) spinStart = now;
+        if (now - spinStart >= std::chrono::nanoseconds(spinNs)) spinning = false, i = 0;
         if ((i & 4095) != 4095) continue;
       } else {
-        // Then give the core away: yield, later nap.
-        if (i - spin < 4096) {
+        if (i < 4096) {
           sched_yield();
         } else {
           nap();

@@ -47,8 +47,11 @@ bool scalesWithRanks(Kind k) {
 
 // comm is pinned by the caller.
 Status validate(const Call& c, Comm* comm, RedOpSpec* red) {
-  TUTTI_ASSIGN(ready, api::lookup(comm, api::Need::kReady));
-  (void)ready;
+  // Pinned, so live: only its state is left to check (api::lookup without the registry).
+  if (comm->state() != Comm::State::kReady) {
+    TUTTI_ASSIGN(ready, api::lookup(comm, api::Need::kReady));
+    (void)ready;
+  }
   size_t size = api::typeSize(c.dtype);
   if (size == 0) {
     return invalidArgument("datatype " + std::to_string(c.dtype) +
@@ -158,7 +161,15 @@ ncclResult_t enqueue(const Call& c) {
     comm->unpin();
     return fail(c.fn, s);
   }
-  if (Status s = group::submit(comm, expand(c, comm, red)); !s.ok()) return fail(c.fn, s);
+  Status s;
+  if (c.kind == Kind::kAlltoAll || c.kind == Kind::kGather || c.kind == Kind::kScatter) {
+    std::vector<CollArgs> ops = expand(c, comm, red);
+    s = group::submit(comm, ops.data(), ops.size());
+  } else {  // the common case: one operation, no allocation
+    CollArgs op = argsFor(c, c.kind, c.send, const_cast<void*>(c.recv), c.root, red);
+    s = group::submit(comm, &op, 1);
+  }
+  if (!s.ok()) return fail(c.fn, s);
   return ncclSuccess;
 }
 
