@@ -10,6 +10,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/types.h"
 
 namespace tutti::cpu {
@@ -45,6 +46,14 @@ struct Reducer {
   }
   // dst[i] = [post](recvd[i] (op) pre(mine[i])); dst may alias either input.
   void reduce(T* dst, const T* recvd, const T* mine, size_t n, bool withPost) const {
+    if constexpr (std::is_same_v<T, half_t>) {
+      if (simd::reduceHalf(reinterpret_cast<uint16_t*>(dst),
+                           reinterpret_cast<const uint16_t*>(recvd),
+                           reinterpret_cast<const uint16_t*>(mine), n, static_cast<int>(F), hasPre,
+                           preScalar, withPost && hasPost, postDivisor)) {
+        return;
+      }
+    }
     if (!hasPre && !(withPost && hasPost)) {
       for (size_t i = 0; i < n; ++i)
         dst[i] = E::store(combine(E::load(recvd[i]), E::load(mine[i])));

@@ -27,7 +27,8 @@ struct SmallFloat {
                : std::ldexp(1.0 + (kManMask - 1) / double(1 << kManBits), kMaxExpField - kBias);
   }
 
-  static float decode(uint32_t bits) {
+  // The definitions, written for clarity; the fast versions below are checked against them.
+  static float decodeReference(uint32_t bits) {
     bool neg = bits & kSignBit;
     uint32_t e = (bits >> kManBits) & kMaxExpField, m = bits & kManMask;
     double v;
@@ -43,7 +44,7 @@ struct SmallFloat {
     return float(neg ? -v : v);
   }
 
-  static uint32_t encode(float f) {
+  static uint32_t encodeReference(float f) {
     uint32_t sign = std::signbit(f) ? kSignBit : 0;
     if (std::isnan(f))
       return sign | (kIeeeSpecials ? (uint32_t(kMaxExpField) << kManBits) | 1u << (kManBits - 1)
@@ -59,6 +60,59 @@ struct SmallFloat {
     return sign | encodeFinite(q);
   }
 
+  // Fast paths on the float's bits: the element loops call these.
+  static float decode(uint32_t bits) {
+    const uint32_t sign = (bits & kSignBit) << (31 - kExpBits - kManBits);
+    const uint32_t e = (bits >> kManBits) & kMaxExpField, m = bits & kManMask;
+    uint32_t u;
+    if (e == 0) {
+      float v = float(m) * kSubnormalScale;  // exact: m < 2^kManBits
+      memcpy(&u, &v, 4);
+      u |= sign;
+    } else if ((kIeeeSpecials && e == uint32_t(kMaxExpField)) ||
+               (!kIeeeSpecials && e == uint32_t(kMaxExpField) && m == kManMask)) {
+      u = sign | 0x7f800000u | (m ? 0x400000u : 0);  // inf, or a quiet NaN
+    } else {
+      u = sign | ((e + 127 - kBias) << 23) | (m << (23 - kManBits));
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+  }
+
+  static uint32_t encode(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 31) ? kSignBit : 0;
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) {  // NaN
+      return sign | (kIeeeSpecials ? (uint32_t(kMaxExpField) << kManBits) | (1u << (kManBits - 1))
+                                   : (uint32_t(kMaxExpField) << kManBits) | kManMask);
+    }
+    if (a >= (uint32_t(127 + 1 - kBias) << 23)) {  // normal in the target format
+      // Round to nearest even on exponent and mantissa together (a carry bumps the exponent).
+      constexpr uint32_t shift = 23 - kManBits;
+      uint32_t r = (a + (1u << (shift - 1)) - 1 + ((a >> shift) & 1)) >> shift;
+      uint32_t out = r - (uint32_t(127 - kBias) << kManBits);
+      if (a >= 0x7f800000u || out > kMaxFiniteBits)
+        return sign | (kSatFinite ? kMaxFiniteBits : infBits());
+      return sign | out;
+    }
+    // Subnormal (or zero) in the target: scale to units of its spacing, round to even.
+    float scaled = std::fabs(f) * kSubnormalInvScale;
+    return sign | uint32_t(std::nearbyint(scaled));
+  }
+
+ private:
+  static constexpr float kSubnormalScale = 1.0f / float(1u << (kBias - 1 + kManBits));
+  static constexpr float kSubnormalInvScale = float(1u << (kBias - 1 + kManBits));
+  // Largest finite encoding without the sign: IEEE: exponent below all-ones, full mantissa;
+  // fn: all-ones exponent with the mantissa one below all-ones.
+  static constexpr uint32_t kMaxFiniteBits =
+      kIeeeSpecials ? ((uint32_t(kMaxExpField - 1) << kManBits) | kManMask)
+                    : ((uint32_t(kMaxExpField) << kManBits) | (kManMask - 1));
+
+ public:
  private:
   static uint32_t infBits() { return uint32_t(kMaxExpField) << kManBits; }
   static uint32_t encodeFinite(double q) {  // q exactly representable, >= 0

@@ -76,3 +76,43 @@ TEST(Types, ReductionsWidenWrapAndScale) {
   mn.reduce(w, u, v, 1, false);
   EXPECT_EQ(w[0], 3u);
 }
+
+// The fast conversions the element loops use agree with the reference definitions: every
+// bit pattern decodes the same, and encoding agrees over every half value, midpoints between
+// neighbours (ties), subnormals, overflow and specials.
+template <class F>
+void expectFastMatchesReference(int bits) {
+  for (uint32_t b = 0; b < (1u << bits); ++b) {
+    float fast = F::decode(b), ref = F::decodeReference(b);
+    if (std::isnan(ref)) {
+      ASSERT_TRUE(std::isnan(fast)) << b;
+      continue;
+    }
+    ASSERT_EQ(fast, ref) << std::hex << b;
+    ASSERT_EQ(F::encode(ref), F::encodeReference(ref)) << ref;
+  }
+  uint32_t x = 12345;
+  for (int i = 0; i < 2000000; ++i) {  // random floats of every exponent
+    x = x * 1664525u + 1013904223u;
+    float f;
+    memcpy(&f, &x, 4);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(F::encode(f), F::encodeReference(f)) << f << " bits " << std::hex << x;
+  }
+  for (uint32_t b = 0; b + 1 < (1u << (bits - 1)); ++b) {  // exact midpoints: ties to even
+    float mid = (F::decodeReference(b) + F::decodeReference(b + 1)) / 2;
+    if (std::isnan(mid) || std::isinf(mid)) continue;
+    ASSERT_EQ(F::encode(mid), F::encodeReference(mid)) << mid;
+    ASSERT_EQ(F::encode(-mid), F::encodeReference(-mid)) << -mid;
+  }
+  for (float f : {0.0f, -0.0f, INFINITY, -INFINITY, 1e30f, -1e30f, 1e-30f, 65520.0f, 448.0f, 464.0f,
+                  480.0f, 57344.0f, 61440.0f}) {
+    ASSERT_EQ(F::encode(f), F::encodeReference(f)) << f;
+  }
+}
+
+TEST(Types, FastConversionsMatchTheReference) {
+  expectFastMatchesReference<HalfFormat>(16);
+  expectFastMatchesReference<E4m3Format>(8);
+  expectFastMatchesReference<E5m2Format>(8);
+}

@@ -1,0 +1,79 @@
+#include "kernels/cpu/simd.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "kernels/cpu/types.h"
+
+namespace tutti::cpu::simd {
+
+#if defined(__x86_64__)
+namespace {
+
+template <int Fn>
+__attribute__((target("avx,f16c"))) inline __m256 combine(__m256 a, __m256 b) {
+  if constexpr (Fn == 0) return _mm256_add_ps(a, b);
+  if constexpr (Fn == 1) return _mm256_mul_ps(a, b);
+  if constexpr (Fn == 2) return _mm256_max_ps(b, a);  // (b > a) ? b : a, as the scalar loop
+  return _mm256_min_ps(b, a);                         // (b < a) ? b : a
+}
+
+template <int Fn>
+__attribute__((target("avx,f16c"))) void loop(uint16_t* dst, const uint16_t* a, const uint16_t* b,
+                                              size_t n, bool hasPre, float pre, bool hasPost,
+                                              float divisor) {
+  const __m256 vpre = _mm256_set1_ps(pre), vdiv = _mm256_set1_ps(divisor);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
+    __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
+    if (hasPre) y = _mm256_mul_ps(y, vpre);
+    __m256 r = combine<Fn>(x, y);
+    if (hasPost) r = _mm256_div_ps(r, vdiv);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; i < n; ++i) {  // the tail, as the scalar loop does it
+    float x = HalfFormat::decode(a[i]), y = HalfFormat::decode(b[i]);
+    if (hasPre) y *= pre;
+    float r = Fn == 0 ? x + y : Fn == 1 ? x * y : Fn == 2 ? (x < y ? y : x) : (y < x ? y : x);
+    if (hasPost) r /= divisor;
+    dst[i] = uint16_t(HalfFormat::encode(r));
+  }
+}
+
+bool haveF16c() {
+  static const bool have = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return have;
+}
+
+}  // namespace
+
+bool reduceHalf(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n, int fn, bool hasPre,
+                float pre, bool hasPost, float divisor) {
+  if (!haveF16c()) return false;
+  switch (fn) {
+    case 0:
+      loop<0>(dst, a, b, n, hasPre, pre, hasPost, divisor);
+      break;
+    case 1:
+      loop<1>(dst, a, b, n, hasPre, pre, hasPost, divisor);
+      break;
+    case 2:
+      loop<2>(dst, a, b, n, hasPre, pre, hasPost, divisor);
+      break;
+    default:
+      loop<3>(dst, a, b, n, hasPre, pre, hasPost, divisor);
+      break;
+  }
+  return true;
+}
+#else
+bool reduceHalf(uint16_t*, const uint16_t*, const uint16_t*, size_t, int, bool, float, bool,
+                float) {
+  return false;
+}
+#endif
+
+}  // namespace tutti::cpu::simd
