@@ -63,14 +63,16 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   maxChannels_ = std::max(maxChannels_, minChannels_);
   timeoutS_ = env::getDouble("TUTTI_TIMEOUT", 1800);
   pairMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_PAIR_MAX_BYTES", 64 << 10));
-  // With a core per rank, waits busy-poll (answers come in well under a microsecond); with
-  // more ranks than cores on this host they yield almost at once, or the rank being waited
-  // for never gets to run.
+  // With a core per rank, waits busy-poll (answers come in well under a microsecond), for up
+  // to 1 ms so that a short hiccup of the peer (another process, the hypervisor) does not
+  // send this rank into yields and naps. With more ranks than cores on this machine (counted
+  // across network namespaces: they share the CPUs) waits yield at once, or the rank being
+  // waited for never gets to run.
   const PeerInfo& me = comm.peers()[size_t(comm.rank())];
   int local = 0;
-  for (const PeerInfo& q : comm.peers()) local += q.hostHash == me.hostHash;
+  for (const PeerInfo& q : comm.peers()) local += q.machineHash == me.machineHash;
   const bool oversubscribed = local > me.cpus;
-  spinNs_ = env::getInt("TUTTI_SPIN_NS", oversubscribed ? 0 : 50000);
+  spinNs_ = env::getInt("TUTTI_SPIN_NS", oversubscribed ? 0 : 1000000);
   if (timeoutS_ <= 0) timeoutS_ = 1e9;
   for (int c = 1; c < maxChannels_; ++c) {
     channelWorkers_.push_back(std::make_unique<Worker>(comm.cudaDev()));

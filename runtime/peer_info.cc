@@ -28,6 +28,13 @@ std::string localHostname() {
   return name;
 }
 
+uint64_t localMachineHash() {
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string bootId;
+  boot >> bootId;
+  return fnv1a(bootId.data(), bootId.size());
+}
+
 uint64_t localHostHash() {
   std::string key;
   if (auto id = env::getString("NCCL_HOSTID")) {
@@ -53,6 +60,7 @@ PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr
   p.pidNs = stat("/proc/self/ns/pid", &ns) == 0 ? ns.st_ino : 0;
   p.cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
   p.hostHash = localHostHash();
+  p.machineHash = localMachineHash();
   snprintf(p.busId, sizeof(p.busId), "%s", cuda::busId(cudaDev).c_str());
   snprintf(p.hostname, sizeof(p.hostname), "%s", localHostname().c_str());
   p.bootstrapAddr = wire::fromSockAddr(bootstrapAddr);

@@ -15,9 +15,11 @@ struct PeerInfo {
   int64_t pid;
   int32_t cpus;  // hardware threads this process may run on
   int32_t reserved;
-  uint64_t pidNs;     // pid namespace inode: pids mean the same thing only within one
-  uint64_t hostHash;  // equal for ranks that can share memory directly
-  char busId[24];     // PCI bus id of cudaDev, "" for CPU ranks
+  uint64_t pidNs;
+  // The running kernel (boot id): ranks that share CPUs even across namespaces.
+  uint64_t machineHash;  // pid namespace inode: pids mean the same thing only within one
+  uint64_t hostHash;     // equal for ranks that can share memory directly
+  char busId[24];        // PCI bus id of cudaDev, "" for CPU ranks
   char hostname[64];
   wire::Addr bootstrapAddr;
 };
@@ -27,6 +29,7 @@ static_assert(std::is_trivially_copyable_v<PeerInfo>);
 // different network namespaces count as different hosts: that is how tests stand in for a
 // cluster on one machine, and a namespace boundary usually is a container boundary too.
 uint64_t localHostHash();
+uint64_t localMachineHash();
 std::string localHostname();
 PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr);
 
