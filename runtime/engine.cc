@@ -264,6 +264,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
     }
     for (auto& [peer, q] : recvs) {
       transport::FifoView& f = *comm_.links().recv(peer, 0);
+      if (!q.empty() && f.conn->drivesIo()) f.conn->poll();  // tcp: read the socket ourselves
       while (!q.empty() && f.ctrl->tail.load(std::memory_order_acquire) > f.step) {
         Item& it = q.front();
         uint64_t word = f.ctrl->sizes[f.step % transport::kSteps].load(std::memory_order_relaxed);

@@ -74,7 +74,10 @@ class Waiter {
     bool spinning = spinNs > 0;
     for (uint32_t i = 0;; ++i) {
       if (ready()) return true;
-      if (drive) f.conn->poll();  // tcp: read / write the socket on this thread
+      if (drive) {
+        f.conn->poll();  // tcp: read / write the socket on this thread
+        if (ready()) return true;
+      }
       if (spinning) {
         cpuRelax();
         if ((i & 255) != 255) continue;
@@ -83,7 +86,9 @@ class Waiter {
         if (now - spinStart >= std::chrono::nanoseconds(spinNs)) spinning = false, i = 0;
         if ((i & 4095) != 4095) continue;
       } else {
-        if (i < 4096) {
+        if (drive) {
+          f.conn->block(1);  // tcp: sleep in the kernel until the socket is ready
+        } else if (i < 4096) {
           sched_yield();
         } else {
           nap();

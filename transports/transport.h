@@ -65,6 +65,9 @@ class Connection {
   virtual void kick() {}
   // A waiting engine lends its thread: make what progress is possible without blocking.
   virtual void poll() {}
+  // Sleep until this connection's sockets can move bytes, or `ms` passes (tcp: poll(2)), so
+  // that a rank sharing its core with others waits in the kernel, not in sched_yield.
+  virtual void block(int ms) { (void)ms; }
   // Ok while the connection is usable; a RemoteError naming the peer once it is not.
   virtual Status health() const = 0;
   // Receiver side: completes the setup once the sender has connected.

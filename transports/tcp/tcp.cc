@@ -117,12 +117,23 @@ class TcpConnection : public Connection {
     std::unique_lock<std::mutex> lock(ioMu_, std::try_to_lock);
     if (lock.owns_lock()) progress();
   }
+  void block(int ms) override {
+    pollfd fds[16];
+    nfds_t n = 0;
+    for (auto& s : socks_) {
+      if (n < 16 && !s.closed) fds[n++] = {s.sock.fd(), short(sending_ ? POLLOUT : POLLIN), 0};
+    }
+    if (n) ::poll(fds, n, ms);
+  }
   void kick() override {
     if (sending_) poll();
     if (!drained()) wakeProxy_();
   }
-  // The proxy's pass: true when any byte moved.
+  // The proxy's pass: true when any byte moved. Only the sending side: receiving sockets are
+  // read by the engine that waits on them (which may sleep in poll(2) on them; a proxy that
+  // emptied them behind its back would leave it sleeping with its data already delivered).
   bool proxyPass() {
+    if (!sending_) return false;
     std::unique_lock<std::mutex> lock(ioMu_, std::try_to_lock);
     return lock.owns_lock() && progress();
   }
