@@ -3,7 +3,9 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$ROOT/build}
 PACKAGES=(cmake g++ ninja-build ccache pkg-config libgtest-dev libgmock-dev libbenchmark-dev
-          python3 binutils iproute2)
+          python3 binutils iproute2
+          # the comparison harness (bench/compare): Open MPI, Gloo, gnuplot
+          openmpi-bin libopenmpi-dev libgloo-dev gnuplot-nox)
 
 install_deps() {
   local missing=()
