@@ -4,6 +4,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$ROOT/build}
 PACKAGES=(cmake g++ ninja-build ccache pkg-config libgtest-dev libgmock-dev libbenchmark-dev
           python3 binutils iproute2
+          # the trainer demo (examples/trainer): Fashion-MNIST, OpenBLAS, zlib
+          dataset-fashion-mnist libopenblas-dev zlib1g-dev
           # the comparison harness (bench/compare): Open MPI, Gloo, gnuplot
           openmpi-bin libopenmpi-dev libgloo-dev gnuplot-nox)
 

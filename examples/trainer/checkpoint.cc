@@ -1,0 +1,138 @@
+#include "examples/trainer/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace trainer {
+namespace {
+
+constexpr char kMagic[8] = {'T', 'U', 'T', 'T', 'I', 'C', 'K', 'P'};
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kMaxLayers = 64;
+
+// Fixed-width, little-endian on every machine this runs on (x86-64, aarch64).
+struct Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t ndims;
+  int64_t step;
+  int64_t global_batch;
+  uint64_t seed;
+  uint64_t nparams;
+  uint32_t momentum_started;
+  uint32_t reserved;
+  uint64_t checksum;  // FNV-1a over the dims and both float arrays
+};
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+uint64_t payloadChecksum(const Checkpoint& ck) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  h = fnv1a(h, ck.dims.data(), ck.dims.size() * sizeof(int));
+  h = fnv1a(h, ck.params.data(), ck.params.size() * sizeof(float));
+  return fnv1a(h, ck.momentum.data(), ck.momentum.size() * sizeof(float));
+}
+
+bool writeAll(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool saveCheckpoint(const std::string& path, const Checkpoint& ck, std::string* error) {
+  if (ck.momentum.size() != ck.params.size() || ck.dims.size() > kMaxLayers) {
+    *error = "internal: inconsistent checkpoint contents";
+    return false;
+  }
+  Header h{};
+  memcpy(h.magic, kMagic, sizeof kMagic);
+  h.version = kVersion;
+  h.ndims = uint32_t(ck.dims.size());
+  h.step = ck.step;
+  h.global_batch = ck.global_batch;
+  h.seed = ck.seed;
+  h.nparams = ck.params.size();
+  h.momentum_started = ck.momentum_started ? 1 : 0;
+  h.checksum = payloadChecksum(ck);
+  // A crash mid-write must never leave a torn checkpoint under the real name.
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    *error = "cannot create " + tmp + ": " + strerror(errno);
+    return false;
+  }
+  bool ok =
+      writeAll(fd, &h, sizeof h) && writeAll(fd, ck.dims.data(), ck.dims.size() * sizeof(int)) &&
+      writeAll(fd, ck.params.data(), ck.params.size() * sizeof(float)) &&
+      writeAll(fd, ck.momentum.data(), ck.momentum.size() * sizeof(float)) && ::fsync(fd) == 0;
+  int saved = errno;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    if (ok) saved = errno;
+    ::unlink(tmp.c_str());
+    *error = "cannot write checkpoint " + path + ": " + strerror(saved);
+    return false;
+  }
+  return true;
+}
+
+bool loadCheckpoint(const std::string& path, Checkpoint* ck, std::string* error) {
+  FILE* f = fopen(path.c_str(), "rb");
+  if (!f) {
+    *error = "cannot open checkpoint " + path + ": " + strerror(errno);
+    return false;
+  }
+  auto fail = [&](const std::string& why) {
+    fclose(f);
+    *error = "checkpoint " + path + ": " + why;
+    return false;
+  };
+  Header h{};
+  if (fread(&h, sizeof h, 1, f) != 1) return fail("too short for a header");
+  if (memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("not a tutti-train checkpoint");
+  if (h.version != kVersion) {
+    return fail("format version " + std::to_string(h.version) + ", this program reads " +
+                std::to_string(kVersion));
+  }
+  if (h.ndims < 2 || h.ndims > kMaxLayers || h.nparams == 0 || h.nparams > (1ull << 32)) {
+    return fail("implausible header (" + std::to_string(h.ndims) + " layer widths, " +
+                std::to_string(h.nparams) + " parameters)");
+  }
+  ck->dims.resize(h.ndims);
+  ck->params.resize(h.nparams);
+  ck->momentum.resize(h.nparams);
+  if (fread(ck->dims.data(), sizeof(int), h.ndims, f) != h.ndims ||
+      fread(ck->params.data(), sizeof(float), h.nparams, f) != h.nparams ||
+      fread(ck->momentum.data(), sizeof(float), h.nparams, f) != h.nparams) {
+    return fail("truncated");
+  }
+  if (fgetc(f) != EOF) return fail("trailing bytes after the momentum buffers");
+  fclose(f);
+  if (payloadChecksum(*ck) != h.checksum) {
+    *error = "checkpoint " + path + ": checksum mismatch (the file is corrupt)";
+    return false;
+  }
+  ck->step = h.step;
+  ck->global_batch = h.global_batch;
+  ck->seed = h.seed;
+  ck->momentum_started = h.momentum_started != 0;
+  return true;
+}
+
+}  // namespace trainer

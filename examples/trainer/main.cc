@@ -1,0 +1,117 @@
+// tutti-train: data-parallel SGD on Fashion-MNIST over tutti. See trainer.h and --help.
+//   tutti-run -n 4 tutti-train --epochs 3          (or torchrun / srun / mpirun)
+//   tutti-train --threads 4                        (4 ranks as threads of one process)
+#include <unistd.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "examples/trainer/trainer.h"
+#include "tutti.h"
+
+namespace {
+
+bool launchedByLauncher() {
+  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    if (getenv(v)) return true;
+  }
+  return false;
+}
+
+int localRanks() {
+  for (const char* v : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                        "SLURM_NTASKS_PER_NODE"}) {
+    const char* s = getenv(v);
+    if (s && atoi(s) > 0) return atoi(s);
+  }
+  return 1;
+}
+
+int report(const trainer::TrainResult& r) {
+  if (r.ok) return 0;
+  fprintf(stderr, "tutti-train: %s\n", r.error.empty() ? "failed" : r.error.c_str());
+  return 1;
+}
+
+int runThreads(const trainer::Options& o) {
+  const int n = o.threads;
+  std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
+  std::vector<int> cpu(static_cast<size_t>(n), -1);  // -1: a CPU rank
+  if (ncclCommInitAll(comms.data(), n, cpu.data()) != ncclSuccess) {
+    fprintf(stderr, "tutti-train: ncclCommInitAll failed: %s\n", ncclGetLastError(nullptr));
+    return 1;
+  }
+  trainer::setBlasThreads(1);
+  trainer::Dataset data;
+  std::string err;
+  const bool loaded = trainer::loadDataset(o.data_dir, o.train_limit, o.test_limit, &data, &err);
+  if (!loaded) {
+    fprintf(stderr, "tutti-train: %s (Debian: apt-get install dataset-fashion-mnist)\n",
+            err.c_str());
+  }
+  std::vector<trainer::TrainResult> results(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  if (loaded) {
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back(
+          [&, r] { results[size_t(r)] = trainer::train(comms[size_t(r)], o, &data); });
+    }
+    for (auto& t : threads) t.join();
+  }
+  int rc = loaded ? 0 : 1;
+  for (int r = 0; r < n; ++r) {
+    if (loaded && report(results[size_t(r)])) rc = 1;
+    if (rc) {
+      ncclCommAbort(comms[size_t(r)]);
+    } else {
+      ncclCommDestroy(comms[size_t(r)]);
+    }
+  }
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  trainer::Options o;
+  std::string err;
+  int p = trainer::parseOptions(argc, argv, &o, &err);
+  if (p == 1) {
+    fputs(trainer::usage(), stdout);
+    return 0;
+  }
+  if (p < 0) {
+    fprintf(stderr, "tutti-train: %s\n%s", err.c_str(), trainer::usage());
+    return 2;
+  }
+  if (o.threads > 0) return runThreads(o);
+
+  ncclComm_t comm = nullptr;
+  ncclResult_t rc;
+  if (launchedByLauncher()) {
+    rc = tuttiCommInitFromEnv(&comm);
+  } else {
+    int cpu = -1;
+    rc = ncclCommInitAll(&comm, 1, &cpu);  // run alone: a one-rank communicator
+  }
+  if (rc != ncclSuccess) {
+    fprintf(stderr, "tutti-train: could not join the communicator: %s: %s\n",
+            ncclGetErrorString(rc), ncclGetLastError(nullptr));
+    return 1;
+  }
+  // Share the cores among the ranks on this machine unless the user chose (OPENBLAS_NUM_THREADS).
+  if (!getenv("OPENBLAS_NUM_THREADS")) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    trainer::setBlasThreads(int(std::max(1L, cores / localRanks())));
+  }
+  trainer::TrainResult r = trainer::train(comm, o);
+  if (report(r)) {
+    ncclCommAbort(comm);
+    return 1;
+  }
+  if ((rc = ncclCommDestroy(comm)) != ncclSuccess) {
+    fprintf(stderr, "tutti-train: ncclCommDestroy failed: %s\n", ncclGetLastError(comm));
+    return 1;
+  }
+  return 0;
+}

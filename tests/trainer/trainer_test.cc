@@ -1,0 +1,426 @@
+// The trainer demo's data-parallel semantics, checked against single-rank training: ranks run
+// as threads over real tutti communicators (shm), or as processes under tutti-run.
+#include "examples/trainer/trainer.h"
+
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "examples/trainer/checkpoint.h"
+#include "examples/trainer/grad_sync.h"
+
+namespace trainer {
+namespace {
+
+// The real data set (Debian's dataset-fashion-mnist, installed by scripts/test), cut to a size
+// that keeps every run here well under a second.
+const Dataset& data() {
+  static Dataset d;
+  static bool loaded = [] {
+    std::string err;
+    setBlasThreads(1);  // ranks are threads here: one BLAS thread each, as tutti-train --threads
+    bool ok = loadDataset(Options().data_dir, 2048, 500, &d, &err);
+    if (!ok) ADD_FAILURE() << err << " (apt-get install dataset-fashion-mnist)";
+    return ok;
+  }();
+  EXPECT_TRUE(loaded);
+  return d;
+}
+
+Options quiet() {
+  Options o;
+  o.out = nullptr;
+  o.batch = 64;
+  o.lr = 0.05;
+  return o;
+}
+
+// Trains on n ranks as threads; every rank's result, in rank order.
+std::vector<TrainResult> runRanks(int n, const Options& o, const Dataset* d = &data()) {
+  std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
+  std::vector<int> cpu(static_cast<size_t>(n), -1);
+  EXPECT_EQ(ncclCommInitAll(comms.data(), n, cpu.data()), ncclSuccess) << ncclGetLastError(nullptr);
+  std::vector<TrainResult> out(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] { out[size_t(r)] = train(comms[size_t(r)], o, d); });
+  }
+  for (auto& t : threads) t.join();
+  for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  return out;
+}
+
+double maxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
+}
+
+double norm(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double s = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    s += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+  return std::sqrt(s);
+}
+
+std::vector<float> initialParams(const Options& o) {
+  Mlp m({784, o.hidden[0], o.hidden[1], 10}, 1);
+  std::vector<float> p(m.numParams());
+  Mlp::initParams(m.layers(), o.seed, p.data());
+  return p;
+}
+
+void expectAllOk(const std::vector<TrainResult>& rs) {
+  for (size_t r = 0; r < rs.size(); ++r)
+    ASSERT_TRUE(rs[r].ok) << "rank " << r << ": " << rs[r].error;
+}
+
+// DDP keeps every replica identical: the same averaged gradient, the same update, bit for bit.
+void expectReplicasIdentical(const std::vector<TrainResult>& rs) {
+  for (size_t r = 1; r < rs.size(); ++r) {
+    EXPECT_EQ(rs[r].params, rs[0].params) << "rank " << r << " drifted from rank 0";
+    EXPECT_EQ(rs[r].momentum, rs[0].momentum) << "rank " << r;
+  }
+}
+
+// How far b is from the reference a, relative to how far training moved a from where it
+// started: ||a - b|| / ||a - init||. Summing in another order (other batch splits, the ring's
+// order) changes the last bits, and now and then a ReLU input within rounding of zero flips
+// and one sample's contribution to one unit moves by lr x gradient (~1e-4 here), so a
+// bit-exact or max-abs comparison would depend on the BLAS kernels of the machine. Measured
+// over 4 steps: 3e-7 without a flip, 9e-4 with one; ncclSum in place of ncclAvg 0.56-4.3,
+// every rank on the same shard 0.56-1.0, shards shifted by one sample 0.10-0.16.
+double relativeDiff(const std::vector<float>& a, const std::vector<float>& b,
+                    const std::vector<float>& init) {
+  double moved = norm(a, init);
+  EXPECT_GT(moved, 0.1) << "training did not move the parameters";
+  return norm(a, b) / moved;
+}
+constexpr double kRelTol = 1e-2;
+
+class Equivalence : public ::testing::TestWithParam<int> {};
+
+TEST_P(Equivalence, NRanksWithBatchBEqualOneRankWithBatchNB) {
+  const int n = GetParam();
+  Options o = quiet();
+  o.max_steps = 4;
+  std::vector<TrainResult> one = runRanks(1, o);
+  std::vector<TrainResult> many = runRanks(n, o);
+  expectAllOk(one);
+  expectAllOk(many);
+  expectReplicasIdentical(many);
+  EXPECT_EQ(many[0].steps, 4);
+  EXPECT_LT(relativeDiff(one[0].params, many[0].params, initialParams(o)), kRelTol)
+      << n << " ranks diverged from 1 rank";
+}
+
+INSTANTIATE_TEST_SUITE_P(Trainer, Equivalence, ::testing::Values(2, 4));
+
+TEST(Trainer, AccumulationOfKStepsEqualsOneStepOfKTimesTheBatch) {
+  Options o = quiet();
+  o.max_steps = 4;
+  std::vector<TrainResult> whole = runRanks(2, o);  // 2 ranks x 32 samples
+  o.accum = 2;                                      // 2 ranks x 2 x 16 samples
+  std::vector<TrainResult> accum = runRanks(2, o);
+  o.accum = 4;  // 1 rank x 4 x 16 samples
+  std::vector<TrainResult> single = runRanks(1, o);
+  expectAllOk(whole);
+  expectAllOk(accum);
+  expectAllOk(single);
+  expectReplicasIdentical(accum);
+  const std::vector<float> init = initialParams(o);
+  EXPECT_LT(relativeDiff(whole[0].params, accum[0].params, init), kRelTol);
+  EXPECT_LT(relativeDiff(whole[0].params, single[0].params, init), kRelTol);
+}
+
+TEST(Trainer, OverlappedBucketsGiveTheSameBitsAsAllReduceAfterBackward) {
+  // A bucket all-reduced before its layers' gradients were final would change the result.
+  Options o = quiet();
+  o.max_steps = 8;
+  o.batch = 96;
+  o.bucket_bytes = 1;  // one bucket per layer: the most overlap
+  std::vector<TrainResult> overlapped = runRanks(3, o);
+  o.overlap = false;
+  std::vector<TrainResult> after = runRanks(3, o);
+  expectAllOk(overlapped);
+  expectAllOk(after);
+  EXPECT_EQ(overlapped[0].params, after[0].params);
+}
+
+TEST(Trainer, ResumeContinuesTheExactTrajectory) {
+  const std::string dir = ::testing::TempDir();
+  const std::string straight = dir + "/tutti_ck_straight", part = dir + "/tutti_ck_part";
+  Options o = quiet();
+  o.train_limit = 512;  // 8 steps per epoch: the resume crosses an epoch boundary
+  Dataset small = data();
+  small.train.count = 512;
+  o.epochs = 2;
+  o.checkpoint = straight;
+  std::vector<TrainResult> a = runRanks(2, o, &small);
+  o.checkpoint = part;
+  o.max_steps = 5;
+  std::vector<TrainResult> b = runRanks(2, o, &small);
+  Checkpoint ck;
+  std::string err;
+  ASSERT_TRUE(loadCheckpoint(part, &ck, &err)) << err;
+  EXPECT_EQ(ck.step, 5);
+  o.max_steps = -1;
+  o.resume = part;
+  o.checkpoint = part;
+  std::vector<TrainResult> c = runRanks(2, o, &small);
+  expectAllOk(a);
+  expectAllOk(b);
+  expectAllOk(c);
+  EXPECT_EQ(a[0].steps, 16);
+  EXPECT_EQ(c[0].steps, 16);
+  EXPECT_EQ(c[0].params, a[0].params);
+  EXPECT_EQ(c[0].momentum, a[0].momentum);
+  expectReplicasIdentical(c);
+  // The checkpoints on disk agree too.
+  Checkpoint ka, kc;
+  ASSERT_TRUE(loadCheckpoint(straight, &ka, &err)) << err;
+  ASSERT_TRUE(loadCheckpoint(part, &kc, &err)) << err;
+  EXPECT_EQ(ka.step, 16);
+  EXPECT_EQ(ka.params, kc.params);
+  EXPECT_EQ(ka.params, a[0].params);
+  remove(straight.c_str());
+  remove(part.c_str());
+}
+
+TEST(Trainer, Bf16GradientsStayCloseToFp32ButAreRoundedOnTheWire) {
+  Options o = quiet();
+  o.max_steps = 10;
+  std::vector<TrainResult> fp32 = runRanks(2, o);
+  o.grad_dtype = ncclBfloat16;
+  std::vector<TrainResult> bf16 = runRanks(2, o);
+  expectAllOk(fp32);
+  expectAllOk(bf16);
+  expectReplicasIdentical(bf16);
+  EXPECT_GT(maxAbsDiff(fp32[0].params, bf16[0].params), 0.0) << "bf16 gradients were not rounded";
+  EXPECT_LT(relativeDiff(fp32[0].params, bf16[0].params, initialParams(o)), 0.05);
+}
+
+TEST(Trainer, LearnsOnThreads) {
+  Options o = quiet();
+  o.epochs = 3;
+  std::vector<TrainResult> rs = runRanks(2, o);
+  expectAllOk(rs);
+  const auto& e = rs[0].epochs;
+  ASSERT_EQ(e.size(), 3u);
+  EXPECT_LT(e[2].train_loss, e[0].train_loss);
+  EXPECT_GT(e[2].test_acc, 0.6) << "chance is 0.1";
+  // Metrics are all-reduced: every rank reports the same figures.
+  EXPECT_EQ(rs[1].epochs[2].test_acc, e[2].test_acc);
+}
+
+TEST(Trainer, BadSetupsFailOnEveryRankWithAMessage) {
+  Options o = quiet();
+  o.max_steps = 1;
+  {
+    std::vector<TrainResult> rs = runRanks(3, o);  // 64 is not divisible by 3
+    for (auto& r : rs) {
+      EXPECT_FALSE(r.ok);
+      EXPECT_NE(r.error.find("--batch 64 is not divisible by 3 ranks x 1 accumulation"),
+                std::string::npos)
+          << r.error;
+    }
+  }
+  {
+    Options c = o;
+    c.device = "cuda";
+    std::vector<TrainResult> rs = runRanks(2, c);
+    EXPECT_FALSE(rs[0].ok);
+    EXPECT_NE(rs[0].error.find("--device cuda"), std::string::npos) << rs[0].error;
+  }
+  {
+    Options m = o;
+    m.data_dir = "/nonexistent-tutti-data";
+    std::vector<TrainResult> rs = runRanks(2, m, nullptr);
+    for (auto& r : rs) {
+      EXPECT_FALSE(r.ok);
+      EXPECT_NE(r.error.find("/nonexistent-tutti-data/train-images-idx3-ubyte.gz"),
+                std::string::npos)
+          << r.error;
+    }
+  }
+  {
+    Dataset tiny = data();
+    tiny.train.count = 40;
+    std::vector<TrainResult> rs = runRanks(2, o, &tiny);
+    EXPECT_FALSE(rs[1].ok);
+    EXPECT_NE(rs[1].error.find("fewer than one global batch of 64"), std::string::npos)
+        << rs[1].error;
+  }
+}
+
+TEST(Trainer, BadCheckpointsAreRefusedOnEveryRank) {
+  const std::string path = ::testing::TempDir() + "/tutti_ck_bad";
+  Options o = quiet();
+  o.max_steps = 2;
+  o.checkpoint = path;
+  expectAllOk(runRanks(2, o));
+  Options r = quiet();
+  r.resume = path;
+  {
+    // Another model shape.
+    Options h = r;
+    h.hidden = {64, 32};
+    std::vector<TrainResult> rs = runRanks(2, h);
+    EXPECT_FALSE(rs[0].ok);
+    EXPECT_NE(rs[0].error.find("holds an MLP 784-256-128-10, this run builds 784-64-32-10"),
+              std::string::npos)
+        << rs[0].error;
+    EXPECT_FALSE(rs[1].ok);
+    EXPECT_NE(rs[1].error.find("rank 0 could not load the checkpoint"), std::string::npos);
+  }
+  {
+    // One flipped byte in the parameters.
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(200);
+    f.write(&c, 1);
+    f.close();
+    std::vector<TrainResult> rs = runRanks(2, r);
+    EXPECT_FALSE(rs[0].ok);
+    EXPECT_NE(rs[0].error.find("checksum mismatch"), std::string::npos) << rs[0].error;
+    EXPECT_FALSE(rs[1].ok);
+  }
+  {
+    // Truncated.
+    ASSERT_EQ(truncate(path.c_str(), 100), 0);
+    Checkpoint ck;
+    std::string err;
+    EXPECT_FALSE(loadCheckpoint(path, &ck, &err));
+    EXPECT_NE(err.find("truncated"), std::string::npos) << err;
+  }
+  remove(path.c_str());
+}
+
+TEST(Trainer, GradientBucketsCoverTheBufferInReverseLayerOrder) {
+  Mlp m({784, 256, 128, 10}, 1);
+  const auto& L = m.layers();
+  auto check = [&](size_t cap, std::vector<int> first_layers) {
+    std::vector<Bucket> b = makeBuckets(L, cap);
+    ASSERT_EQ(b.size(), first_layers.size()) << "cap " << cap;
+    size_t end = m.numParams();
+    for (size_t i = 0; i < b.size(); ++i) {
+      EXPECT_EQ(b[i].first_layer, first_layers[i]);
+      EXPECT_EQ(b[i].offset + b[i].count, end) << "bucket " << i << " is not contiguous";
+      EXPECT_EQ(b[i].offset, L[size_t(b[i].first_layer)].weight);
+      end = b[i].offset;
+    }
+    EXPECT_EQ(end, 0u);
+  };
+  check(256 * 1024, {1, 0});  // layers 2+1 (134 KiB), then layer 0 (785 KiB)
+  check(1, {2, 1, 0});
+  check(size_t(1) << 30, {0});
+}
+
+TEST(Trainer, Bf16ConversionRoundsToNearestEven) {
+  EXPECT_EQ(floatToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(floatToBf16(-2.0f), 0xc000);
+  // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+  EXPECT_EQ(floatToBf16(1.00390625f), 0x3f80);
+  EXPECT_EQ(floatToBf16(1.01171875f), 0x3f82);  // 1 + 3 * 2^-8: halfway, rounds up to even
+  EXPECT_EQ(floatToBf16(1.0f + 1.5f / 256), 0x3f81);
+  EXPECT_TRUE(std::isnan(bf16ToFloat(floatToBf16(NAN))));
+  EXPECT_EQ(bf16ToFloat(floatToBf16(3.140625f)), 3.140625f);
+}
+
+void writeGz(const std::string& path, const std::vector<unsigned char>& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), unsigned(bytes.size())), int(bytes.size()));
+  gzclose(f);
+}
+
+TEST(Trainer, IdxReaderNamesWhatIsWrong) {
+  const std::string p = ::testing::TempDir() + "/tutti_idx_test.gz";
+  Split s;
+  std::string err;
+  writeGz(p, {0, 0, 8, 1, 0, 0, 0, 2, 3, 9});  // labels file with 2 labels
+  ASSERT_TRUE(readIdxLabels(p, &s, &err)) << err;
+  EXPECT_EQ(s.labels, (std::vector<uint8_t>{3, 9}));
+  EXPECT_FALSE(readIdxImages(p, &s, &err));
+  EXPECT_NE(err.find("magic 0x00000801, expected 0x00000803"), std::string::npos) << err;
+  writeGz(p, {0, 0, 8, 1, 0, 0, 0, 3, 3, 9});  // says 3, holds 2
+  EXPECT_FALSE(readIdxLabels(p, &s, &err));
+  EXPECT_NE(err.find("cannot read 3 labels"), std::string::npos) << err;
+  writeGz(p, {0, 0, 8, 1, 0, 0, 0, 1, 12});
+  EXPECT_FALSE(readIdxLabels(p, &s, &err));
+  EXPECT_NE(err.find("label 12 of sample 0"), std::string::npos) << err;
+  writeGz(p, {0, 0, 8, 3, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 2, 10, 20, 30, 40});
+  ASSERT_TRUE(readIdxImages(p, &s, &err)) << err;
+  EXPECT_EQ(s.count, 1);
+  EXPECT_EQ(s.pixels, (std::vector<uint8_t>{10, 20, 30, 40}));
+  remove(p.c_str());
+}
+
+TEST(Trainer, OptionsAreParsedAndBadOnesNamed) {
+  auto parse = [](std::vector<const char*> args, Options* o, std::string* err) {
+    args.insert(args.begin(), "tutti-train");
+    return parseOptions(int(args.size()), const_cast<char**>(args.data()), o, err);
+  };
+  Options o;
+  std::string err;
+  ASSERT_EQ(parse({"--epochs", "5", "--batch", "256", "--grad-dtype", "bf16", "--hidden",
+                   "300,100,50", "--accum", "2", "--no-overlap", "--lr", "0.1"},
+                  &o, &err),
+            0)
+      << err;
+  EXPECT_EQ(o.epochs, 5);
+  EXPECT_EQ(o.batch, 256);
+  EXPECT_EQ(o.grad_dtype, ncclBfloat16);
+  EXPECT_EQ(o.hidden, (std::vector<int>{300, 100, 50}));
+  EXPECT_EQ(o.accum, 2);
+  EXPECT_FALSE(o.overlap);
+  EXPECT_DOUBLE_EQ(o.lr, 0.1);
+  EXPECT_EQ(parse({"--help"}, &o, &err), 1);
+  EXPECT_EQ(parse({"--epochs", "0"}, &o, &err), -1);
+  EXPECT_EQ(err, "--epochs 0: expected an integer from 1");
+  EXPECT_EQ(parse({"--grad-dtype", "fp8"}, &o, &err), -1);
+  EXPECT_EQ(err, "--grad-dtype fp8: expected fp32 or bf16");
+  EXPECT_EQ(parse({"--hidden", "256,,3"}, &o, &err), -1);
+  EXPECT_EQ(parse({"--frobnicate", "1"}, &o, &err), -1);
+  EXPECT_EQ(err, "unknown option --frobnicate (see --help)");
+  EXPECT_EQ(parse({"--batch"}, &o, &err), -1);
+  EXPECT_EQ(err, "--batch needs a value");
+}
+
+// The README's main command in miniature: processes under tutti-run, the real binary, its output.
+TEST(TrainerProcesses, LearnsUnderTuttiRun) {
+  std::string cmd = std::string(TUTTI_RUN_BIN) + " -n 2 " + TUTTI_TRAIN_BIN +
+                    " --epochs 2 --train-limit 8000 --test-limit 2000 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  int status = pclose(p);
+  ASSERT_EQ(status, 0) << out;
+  std::regex line(
+      R"(\[rank 0\] epoch (\d)/2 .* train loss ([0-9.]+) .* test loss [0-9.]+ acc ([0-9.]+)%)");
+  std::vector<double> loss, acc;
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it) {
+    loss.push_back(std::stod((*it)[2]));
+    acc.push_back(std::stod((*it)[3]));
+  }
+  ASSERT_EQ(loss.size(), 2u) << out;
+  EXPECT_LT(loss[1], loss[0]) << out;
+  EXPECT_GT(acc[1], 70.0) << out;  // chance is 10%
+  EXPECT_EQ(out.find("[rank 1] epoch"), std::string::npos) << "only rank 0 reports";
+}
+
+}  // namespace
+}  // namespace trainer
