@@ -27,14 +27,25 @@ int localRanks() {
   return 1;
 }
 
+// A communication thread pays only where it has a core of its own: on a machine with fewer
+// than two cores per rank it competes with the backward pass it is meant to hide behind.
+void chooseOverlap(trainer::Options* o, int local_ranks) {
+  if (!o->overlap_auto) return;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  o->overlap = cores >= 2L * local_ranks;
+  o->overlap_why = "--overlap auto: " + std::to_string(local_ranks) + " local rank" +
+                   (local_ranks > 1 ? "s" : "") + " on " + std::to_string(cores) + " cores";
+}
+
 int report(const trainer::TrainResult& r) {
   if (r.ok) return 0;
   fprintf(stderr, "tutti-train: %s\n", r.error.empty() ? "failed" : r.error.c_str());
   return 1;
 }
 
-int runThreads(const trainer::Options& o) {
+int runThreads(trainer::Options o) {
   const int n = o.threads;
+  chooseOverlap(&o, n);
   std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
   std::vector<int> cpu(static_cast<size_t>(n), -1);  // -1: a CPU rank
   if (ncclCommInitAll(comms.data(), n, cpu.data()) != ncclSuccess) {
@@ -104,6 +115,7 @@ int main(int argc, char** argv) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     trainer::setBlasThreads(int(std::max(1L, cores / localRanks())));
   }
+  chooseOverlap(&o, launchedByLauncher() ? localRanks() : 1);
   trainer::TrainResult r = trainer::train(comm, o);
   if (report(r)) {
     ncclCommAbort(comm);

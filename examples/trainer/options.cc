@@ -26,7 +26,10 @@ const char* usage() {
          "  --train-limit N      use only the first N training samples\n"
          "  --test-limit N       use only the first N test samples\n"
          "  --bucket-kb N        gradient bucket size in KiB (256)\n"
-         "  --no-overlap         all-reduce after backward instead of during it\n"
+         "  --overlap on|off|auto  all-reduce gradient buckets during backward on a\n"
+         "                       communication thread (on), or after it (off); auto: on when\n"
+         "                       this machine has 2 cores per local rank (auto)\n"
+         "  --no-overlap         the same as --overlap off\n"
          "  --threads N          run N ranks as threads of this process\n"
          "  --data DIR           IDX files (/usr/share/datasets/fashion-mnist)\n";
 }
@@ -58,7 +61,7 @@ int parseOptions(int argc, char** argv, Options* o, std::string* error) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") return 1;
     if (a == "--no-overlap") {
-      o->overlap = false;
+      o->overlap = o->overlap_auto = false;
       continue;
     }
     if (i + 1 >= argc) {
@@ -113,6 +116,10 @@ int parseOptions(int argc, char** argv, Options* o, std::string* error) {
         if (comma == std::string::npos) break;
         pos = comma + 1;
       }
+    } else if (a == "--overlap") {
+      if (strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "auto")) return bad("on, off or auto");
+      o->overlap_auto = !strcmp(v, "auto");
+      o->overlap = strcmp(v, "off") != 0;
     } else if (a == "--device") {
       if (strcmp(v, "cpu") && strcmp(v, "cuda")) return bad("cpu or cuda");
       o->device = v;

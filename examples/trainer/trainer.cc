@@ -318,11 +318,12 @@ TrainResult Run::go(const Dataset* data) {
   say("tutti-train: %d CPU rank%s, MLP %s (%zu parameters; gradient buckets %s)\n", nranks_,
       nranks_ > 1 ? "s" : "", dimsText(model_->dims()).c_str(), params_.size(), buckets.c_str());
   say("  global batch %d = %d rank%s x %d samples x %d accumulation step%s; %lld steps/epoch; "
-      "SGD lr %g momentum %g weight decay %g; gradients all-reduced as %s (ncclAvg%s)\n",
+      "SGD lr %g momentum %g weight decay %g; gradients all-reduced as %s (ncclAvg%s%s)\n",
       o_.batch, nranks_, nranks_ > 1 ? "s" : "", micro_, o_.accum, o_.accum > 1 ? "s" : "",
       (long long)steps_per_epoch_, o_.lr, o_.momentum, o_.weight_decay,
       o_.grad_dtype == ncclBfloat16 ? "bf16" : "fp32",
-      o_.overlap ? ", overlapping backward" : ", after backward");
+      o_.overlap ? ", overlapping backward" : ", after backward",
+      o_.overlap_why.empty() ? "" : ("; " + o_.overlap_why).c_str());
   if (!o_.resume.empty())
     say("  resumed from %s at step %lld\n", o_.resume.c_str(), (long long)step_);
   if (step_ >= total_steps_) say("  nothing to do: step %lld reached\n", (long long)step_);

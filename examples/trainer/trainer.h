@@ -30,9 +30,11 @@ struct Options {
   int64_t save_every = 0;               // ... and every N optimizer steps
   std::string resume;                   // read by rank 0 and broadcast
   size_t bucket_bytes = 256 * 1024;
-  bool overlap = true;
-  int threads = 0;     // main program only: N ranks as threads of this process
-  FILE* out = stdout;  // rank 0's progress lines; nullptr for none
+  bool overlap = true;       // all-reduce buckets during backward (on a communication thread)
+  bool overlap_auto = true;  // main program: decide from cores per local rank (--overlap auto)
+  std::string overlap_why;   // printed beside the choice
+  int threads = 0;           // main program only: N ranks as threads of this process
+  FILE* out = stdout;        // rank 0's progress lines; nullptr for none
 };
 
 // Parses the command line into *o. Returns 0 to go on, 1 after printing --help, -1 on a bad

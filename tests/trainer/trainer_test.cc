@@ -385,6 +385,12 @@ TEST(Trainer, OptionsAreParsedAndBadOnesNamed) {
   EXPECT_EQ(o.hidden, (std::vector<int>{300, 100, 50}));
   EXPECT_EQ(o.accum, 2);
   EXPECT_FALSE(o.overlap);
+  EXPECT_FALSE(o.overlap_auto);
+  ASSERT_EQ(parse({"--overlap", "on"}, &o, &err), 0) << err;
+  EXPECT_TRUE(o.overlap);
+  EXPECT_FALSE(o.overlap_auto);
+  EXPECT_EQ(parse({"--overlap", "sometimes"}, &o, &err), -1);
+  EXPECT_EQ(err, "--overlap sometimes: expected on, off or auto");
   EXPECT_DOUBLE_EQ(o.lr, 0.1);
   EXPECT_EQ(parse({"--help"}, &o, &err), 1);
   EXPECT_EQ(parse({"--epochs", "0"}, &o, &err), -1);
