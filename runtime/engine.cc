@@ -6,6 +6,7 @@
 #include <deque>
 #include <map>
 
+#include "collectives/recursive_doubling.h"
 #include "kernels/cpu/ring_dispatch.h"
 #include "runtime/comm.h"
 #include "runtime/dtype.h"
@@ -63,6 +64,13 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   maxChannels_ = std::max(maxChannels_, minChannels_);
   timeoutS_ = env::getDouble("TUTTI_TIMEOUT", 1800);
   pairMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_PAIR_MAX_BYTES", 64 << 10));
+  // Recursive doubling against the ring, 4 and 8 ranks on 2 cores: over tcp it wins up to
+  // 256 KiB-1 MiB (each ring step is a socket round trip); over shm only up to a few KiB
+  // (it moves log2(n) whole vectors per rank where the ring moves about two).
+  bool anyNet = false;
+  for (int p = 1; p < comm.nranks(); ++p) anyNet |= comm.links().netBetween(0, p);
+  rdMaxBytes_ =
+      static_cast<size_t>(env::getInt("TUTTI_RD_MAX_BYTES", anyNet ? 256 << 10 : 2 << 10));
   // With a core per rank, waits busy-poll (answers come in well under a microsecond), for up
   // to 1 ms so that a short hiccup of the peer (another process, the hypervisor) does not
   // send this rank into yields and naps. With more ranks than cores on this machine (counted
@@ -77,8 +85,8 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   for (int c = 1; c < maxChannels_; ++c) {
     channelWorkers_.push_back(std::make_unique<Worker>(comm.cudaDev()));
   }
-  TUTTI_INFO(log::kInit, "rank %d: CPU engine, %d-%d channels, %zu-byte slots", comm.rank(),
-             minChannels_, maxChannels_, comm.links().slotBytes());
+  TUTTI_INFO(log::kInit, "rank %d: CPU engine, %d-%d channels, %zu-byte ring chunks at most",
+             comm.rank(), minChannels_, maxChannels_, comm.links().ringSlotBytes());
 }
 
 Engine::~Engine() = default;
@@ -147,6 +155,11 @@ Status Engine::runCollective(const CollArgs& op) {
 
   OpState state(comm_, &op, seq, 0, timeoutS_);
   state.setSpinNs(spinNs_);
+  // More than two ranks, a small all-reduce: log2(n) exchanges instead of 2(n-1) ring steps.
+  if (op.kind == CollKind::kAllReduce && n > 2 && total <= rdMaxBytes_ && count > 0 &&
+      cpu::rdSymmetric(op)) {
+    return runRecursiveDoubling(op, state);
+  }
   transport::FifoView** sendTo = ringSend_;
   transport::FifoView** recvFrom = ringRecv_;
   if (n > 1 && count > 0 && !ringSend_[nch - 1]) {  // channels are set up in order
@@ -168,7 +181,7 @@ Status Engine::runCollective(const CollArgs& op) {
   // message still crosses in several pipelined steps (copy-in on one side overlapping
   // copy-out on the other) instead of one slot at a time in lock-step.
   const size_t unit = bytes ? 1 : elem;
-  const size_t slotUnits = comm_.links().slotBytes() / unit;
+  const size_t slotUnits = comm_.links().ringSlotBytes() / unit;
   const size_t perRankShare = op.kind == CollKind::kAllReduce ? count / size_t(n) : count;
   const size_t minUnits = std::max<size_t>(kMinChunkBytes / unit, 1);
   // Never more than a slot holds (a small NCCL_BUFFSIZE can make slots smaller than
@@ -188,6 +201,33 @@ Status Engine::runCollective(const CollArgs& op) {
   }
   runChannel(0);
   for (int c = 1; c < nch; ++c) channelWorkers_[size_t(c - 1)]->wait();
+  return state.status();
+}
+
+Status Engine::runRecursiveDoubling(const CollArgs& op, OpState& state) {
+  const int n = comm_.nranks(), r = comm_.rank();
+  if (!rdReady_) {
+    const algo::RdPlan plan = algo::rdPlan(r, n);
+    std::vector<LinkNeed> needs;
+    if (plan.fold >= 0) needs.insert(needs.end(), {{plan.fold, 0, true}, {plan.fold, 0, false}});
+    for (int k = 0; k < plan.steps && !plan.extra; ++k) {
+      const int peer = algo::rdPartner(r, k);
+      needs.insert(needs.end(), {{peer, 0, true}, {peer, 0, false}});
+    }
+    Status s = comm_.links().ensure(needs);
+    if (!s.ok()) return s.withContext("rank " + std::to_string(r) + ": " + state.what());
+    if (plan.fold >= 0) {
+      rdLinks_.foldSend = comm_.links().send(plan.fold, 0);
+      rdLinks_.foldRecv = comm_.links().recv(plan.fold, 0);
+    }
+    for (int k = 0; k < plan.steps && !plan.extra; ++k) {
+      rdLinks_.send[k] = comm_.links().send(algo::rdPartner(r, k), 0);
+      rdLinks_.recv[k] = comm_.links().recv(algo::rdPartner(r, k), 0);
+    }
+    rdReady_ = true;
+  }
+  Waiter w(&state);
+  cpu::runRecursiveDoubling(op, r, n, rdLinks_, &w);
   return state.status();
 }
 
@@ -239,7 +279,6 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
     return s.withContext("rank " + std::to_string(me) + ": " + state.what());
   }
   Waiter w(&state);
-  const size_t slot = comm_.links().slotBytes();
   Waiter::Clock::time_point since{}, spinStart{};
   bool spinning = spinNs_ > 0;
   Status lastChance;
@@ -250,7 +289,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
       while (!q.empty() &&
              f.ctrl->head.load(std::memory_order_acquire) + transport::kSteps > f.step) {
         Item& it = q.front();
-        size_t n = std::min(slot, it.bytes - it.done);
+        size_t n = std::min(f.slotBytes, it.bytes - it.done);
         memcpy(f.slot(f.step), static_cast<const char*>(it.op->send) + it.done, n);
         it.done += n;
         f.ctrl->sizes[f.step % transport::kSteps].store(

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/cpu/ring_dispatch.h"
 #include "runtime/coll_args.h"
 #include "runtime/status.h"
 #include "runtime/workers.h"
@@ -38,20 +39,23 @@ class Engine {
 
  private:
   Status runCollective(const CollArgs& op);
+  Status runRecursiveDoubling(const CollArgs& op, OpState& state);
   Status runP2p(const std::vector<const CollArgs*>& ops);
 
   Comm& comm_;
   int minChannels_, maxChannels_;
   double timeoutS_;
-  size_t pairMaxBytes_;
-  int64_t spinNs_;  // how long a wait busy-polls before yielding (0 when oversubscribed)  //
-                    // two-rank all-reduces up to this size use the pair exchange
-  std::mutex mu_;   // one group at a time per communicator
+  size_t pairMaxBytes_;  // two-rank all-reduces up to this size use the pair exchange (tcp)
+  size_t rdMaxBytes_;    // all-reduces of 3+ ranks up to this size use recursive doubling
+  int64_t spinNs_;       // how long a wait busy-polls before yielding (0 when oversubscribed)
+  std::mutex mu_;        // one group at a time per communicator
   std::vector<std::unique_ptr<Worker>> channelWorkers_;
   // Ring links per channel once made (the common case skips Links entirely).
   static constexpr int kMaxChannels = 16;
   transport::FifoView* ringSend_[kMaxChannels] = {};
   transport::FifoView* ringRecv_[kMaxChannels] = {};
+  cpu::RdLinks rdLinks_;  // recursive doubling's links once made
+  bool rdReady_ = false;
   Worker runner_;
 };
 

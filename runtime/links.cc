@@ -12,10 +12,12 @@ namespace {
 // Bootstrap tags for link setup: one per (channel, direction of the link), unique per pair.
 constexpr uint32_t kLinkTag = 0x4c000000u;
 
-size_t slotBytesFromEnv() {
-  // NCCL_BUFFSIZE is the whole FIFO (kSteps slots). tutti's default is 1 MiB, not NCCL's
-  // 4 MiB: host slots are copied by CPU cores, for which smaller pieces pipeline better.
-  int64_t buff = env::getInt("NCCL_BUFFSIZE", 1 << 20);
+// NCCL_BUFFSIZE is the whole FIFO (kSteps slots), for every transport when it is set. By
+// default shared memory uses 1 MiB, not NCCL's 4 MiB: its slots are copied by CPU cores, for
+// which smaller pieces pipeline better. The network uses NCCL's 4 MiB: its slots mostly go
+// straight between sockets and user buffers, and every step costs system calls.
+size_t slotBytesFromEnv(int64_t fallback) {
+  int64_t buff = env::getInt("NCCL_BUFFSIZE", fallback);
   buff = std::clamp<int64_t>(buff, transport::kSteps * 64, int64_t(1) << 32);
   return static_cast<size_t>(buff / transport::kSteps) / 64 * 64;
 }
@@ -24,7 +26,8 @@ size_t slotBytesFromEnv() {
 
 Links::Links(Comm& comm)
     : comm_(comm),
-      slotBytes_(slotBytesFromEnv()),
+      slotBytes_(slotBytesFromEnv(1 << 20)),
+      netSlotBytes_(slotBytesFromEnv(4 << 20)),
       shmDisabled_(env::getBool("NCCL_SHM_DISABLE", false)),
       netName_(env::getString("NCCL_NET").value_or("Socket")) {}
 
@@ -36,9 +39,24 @@ Links::~Links() {
   conns_.clear();
 }
 
-bool Links::usesNet(int peer) const {
-  return shmDisabled_ || comm_.peers()[static_cast<size_t>(peer)].hostHash !=
-                             comm_.peers()[static_cast<size_t>(comm_.rank())].hostHash;
+bool Links::usesNet(int peer) const { return netBetween(comm_.rank(), peer); }
+
+bool Links::netBetween(int a, int b) const {
+  return shmDisabled_ || comm_.peers()[static_cast<size_t>(a)].hostHash !=
+                             comm_.peers()[static_cast<size_t>(b)].hostHash;
+}
+
+size_t Links::slotBytesFor(int peer) const { return usesNet(peer) ? netSlotBytes_ : slotBytes_; }
+
+// The ring's chunk must fit the slots of every hop, and every rank must pick the same: each
+// one derives it from the peer table, which all ranks share.
+size_t Links::ringSlotBytes() const {
+  const int n = comm_.nranks();
+  size_t s = n > 1 ? SIZE_MAX : slotBytes_;
+  for (int r = 0; r < n && n > 1; ++r) {
+    s = std::min(s, netBetween(r, (r + 1) % n) ? netSlotBytes_ : slotBytes_);
+  }
+  return s;
 }
 
 Result<transport::Transport*> Links::transportFor(int peer) {
@@ -82,7 +100,7 @@ Status Links::ensure(const std::vector<LinkNeed>& needs) {
   std::vector<std::pair<LinkNeed, transport::Connection*>> made;
   for (auto& [n, t] : recvs) {
     transport::Descriptor d{};
-    TUTTI_ASSIGN(c, t->setupRecv({n.peer, n.channel, slotBytes_}, &d));
+    TUTTI_ASSIGN(c, t->setupRecv({n.peer, n.channel, slotBytesFor(n.peer)}, &d));
     transport::Connection* raw = c.get();
     conns_[n] = std::move(c);
     made.push_back({n, raw});
@@ -92,7 +110,7 @@ Status Links::ensure(const std::vector<LinkNeed>& needs) {
     transport::Descriptor d{};
     TUTTI_TRY(b->recv(n.peer, tagOf(n.channel), &d, sizeof(d))
                   .withContext("link setup: waiting for rank " + std::to_string(n.peer)));
-    TUTTI_ASSIGN(c, t->connectSend({n.peer, n.channel, slotBytes_}, d));
+    TUTTI_ASSIGN(c, t->connectSend({n.peer, n.channel, slotBytesFor(n.peer)}, d));
     TUTTI_INFO(log::kInit, "rank %d -> rank %d channel %d via %s", comm_.rank(), n.peer, n.channel,
                t->name());
     conns_[n] = std::move(c);

@@ -40,15 +40,18 @@ class Links {
   transport::FifoView* recv(int peer, int channel);
   // Tells every peer that this rank has left (after a failure or an abort).
   void breakAll();
-  size_t slotBytes() const { return slotBytes_; }
+  // Slot sizes: of the links to peer, and the largest that fits every hop of the ring.
+  size_t slotBytesFor(int peer) const;
+  size_t ringSlotBytes() const;
   // Whether the link to peer goes over the network transport (not shared memory).
   bool usesNet(int peer) const;
+  bool netBetween(int a, int b) const;
   // The transport that reaches peer, or an error naming what is missing.
   Result<transport::Transport*> transportFor(int peer);
 
  private:
   Comm& comm_;
-  size_t slotBytes_;
+  size_t slotBytes_, netSlotBytes_;
   bool shmDisabled_;
   std::string netName_;
   std::unique_ptr<transport::Transport> shm_, net_;

@@ -76,6 +76,28 @@ class Connection {
   virtual void breakLink() {
     if (fifo_.ctrl) fifo_.ctrl->broken.store(1, std::memory_order_release);
   }
+  // Direct transfers, for transports that copy anyway (tcp: the socket calls are copies):
+  // bytes go between the socket and the caller's buffers without passing through a slot.
+  bool direct() const { return direct_; }
+  // Sender: the payload of `step` (not yet published) is `src`, not the slot. src stays valid
+  // and unchanged until head passes the step.
+  virtual void sendFrom(uint64_t step, const void* src) {
+    (void)step;
+    (void)src;
+  }
+  // Receiver: the engine is about to wait for `step`; if its payload has not started to
+  // arrive, put it in dst (when it is `bytes` long) and read nothing beyond it meanwhile.
+  // dst == nullptr: no destination; the transport may read ahead into slots again.
+  virtual void recvInto(uint64_t step, void* dst, size_t bytes) {
+    (void)step;
+    (void)dst;
+    (void)bytes;
+  }
+  // Receiver: whether `step`'s payload went to the dst of recvInto (else it is in the slot).
+  virtual bool landed(uint64_t step) const {
+    (void)step;
+    return false;
+  }
   virtual const char* transportName() const = 0;
   // The first socket under this connection, or -1 (diagnostics and fault-injection tests).
   virtual int rawSocket() const { return -1; }
@@ -83,6 +105,7 @@ class Connection {
  protected:
   FifoView fifo_;
   bool drivesIo_ = false;
+  bool direct_ = false;
 };
 
 // Carries the receiver's setup information to the sender over the bootstrap.

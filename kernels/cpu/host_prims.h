@@ -16,20 +16,29 @@ namespace tutti::cpu {
 template <typename T, typename Fn>
 class HostPrims {
  public:
+  // directSend: whether send() may transmit straight from the input buffer. Safe when no
+  // later step of the algorithm writes that memory before the data has left -- the ring
+  // algorithms guarantee it (what overwrites a sent block was computed from it, downstream);
+  // a two-rank exchange reducing in place does not.
   HostPrims(transport::FifoView* sendTo, transport::FifoView* recvFrom, const T* in, T* out,
-            const Fn& fn, Waiter* w)
-      : sendTo_(sendTo), recvFrom_(recvFrom), in_(in), out_(out), fn_(fn), w_(w) {}
+            const Fn& fn, Waiter* w, bool directSend = true)
+      : sendTo_(sendTo), recvFrom_(recvFrom), in_(in), out_(out), fn_(fn), w_(w) {
+    sendDirect_ = sendTo && sendTo->conn && sendTo->conn->direct();
+    sendInputDirect_ = sendDirect_ && directSend && fn_.preIsIdentity();
+    recvDirect_ = recvFrom && recvFrom->conn && recvFrom->conn->direct();
+  }
 
   void send(size_t inOff, int n) {
+    if (sendInputDirect_) return postDirect(in_ + inOff, n);
     T* s = acquireSend();
     if (!s) return;
     fn_.preCopy(s, in_ + inOff, size_t(n));
     postSend(n);
   }
   void recv(size_t outOff, int n) {
-    const T* r = acquireRecv(n);
+    const T* r = acquireRecv(n, out_ + outOff);
     if (!r) return;
-    memcpy(out_ + outOff, r, size_t(n) * sizeof(T));
+    if (!landed()) memcpy(out_ + outOff, r, size_t(n) * sizeof(T));
     releaseRecv();
   }
   void recvReduceSend(size_t inOff, int n) {
@@ -41,6 +50,16 @@ class HostPrims {
     releaseRecv();
   }
   void recvCopySend(size_t outOff, int n) {
+    if (recvDirect_ || sendDirect_) {
+      // Into the output (straight from the socket where possible), then on from there.
+      recv(outOff, n);
+      if (sendDirect_) return postDirect(out_ + outOff, n);
+      T* s = acquireSend();
+      if (!s) return;
+      memcpy(s, out_ + outOff, size_t(n) * sizeof(T));
+      postSend(n);
+      return;
+    }
     const T* r = acquireRecv(n);
     T* s = r ? acquireSend() : nullptr;
     if (!s) return;
@@ -50,6 +69,10 @@ class HostPrims {
     releaseRecv();
   }
   void recvReduceCopySend(size_t inOff, size_t outOff, int n) {
+    if (sendDirect_) {
+      recvReduceCopy(inOff, outOff, n);
+      return postDirect(out_ + outOff, n);
+    }
     const T* r = acquireRecv(n);
     T* s = r ? acquireSend() : nullptr;
     if (!s) return;
@@ -59,6 +82,14 @@ class HostPrims {
     releaseRecv();
   }
   void copySend(size_t inOff, size_t outOff, int n) {
+    if (sendDirect_) {
+      // Send first: the local copy then overlaps the peer reading the socket.
+      postDirect(in_ + inOff, n);
+      if (!w_->failed() && out_ + outOff != in_ + inOff) {
+        memcpy(out_ + outOff, in_ + inOff, size_t(n) * sizeof(T));
+      }
+      return;
+    }
     T* s = acquireSend();
     if (!s) return;
     memcpy(s, in_ + inOff, size_t(n) * sizeof(T));
@@ -76,7 +107,25 @@ class HostPrims {
     fn_.preCopyPost(out_ + outOff, in_ + inOff, size_t(n));
   }
 
+  // The end of the operation: the caller's buffers are its own again once every byte sent
+  // straight from them has left, and a receive destination must not outlive the operation.
+  void finish() {
+    if (recvDirect_) recvFrom_->conn->recvInto(0, nullptr, 0);
+    if (!sentDirect_) return;
+    transport::FifoView& f = *sendTo_;
+    w_->until([&] { return f.ctrl->head.load(std::memory_order_acquire) >= f.step; }, f,
+              "sending to");
+  }
+
  private:
+  void postDirect(const T* src, int n) {
+    if (!acquireSend()) return;
+    sendTo_->conn->sendFrom(sendTo_->step, src);
+    sentDirect_ = true;
+    postSend(n);
+  }
+  bool landed() const { return recvDirect_ && recvFrom_->conn->landed(recvFrom_->step); }
+
   T* acquireSend() {
     transport::FifoView& f = *sendTo_;
     bool ok = w_->until(
@@ -91,8 +140,10 @@ class HostPrims {
     f.ctrl->tail.store(++f.step, std::memory_order_release);
     if (f.conn->drivesIo()) f.conn->kick();
   }
-  const T* acquireRecv(int n) {
+  // dst: where the payload should go if the transport can put it there (see landed()).
+  const T* acquireRecv(int n, T* dst = nullptr) {
     transport::FifoView& f = *recvFrom_;
+    if (recvDirect_) f.conn->recvInto(f.step, dst, dst ? size_t(n) * sizeof(T) : 0);
     bool ok = w_->until([&] { return f.ctrl->tail.load(std::memory_order_acquire) > f.step; }, f,
                         "receiving from");
     if (!ok) return nullptr;
@@ -120,6 +171,8 @@ class HostPrims {
   T* out_;
   Fn fn_;
   Waiter* w_;
+  bool sendDirect_ = false, sendInputDirect_ = false, recvDirect_ = false;
+  bool sentDirect_ = false;
 };
 
 }  // namespace tutti::cpu

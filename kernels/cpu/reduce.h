@@ -34,6 +34,7 @@ struct Reducer {
     if constexpr (F == RedFn::kMin) return b < a ? b : a;
   }
   Acc pre(Acc v) const { return hasPre ? mul(v, preScalar) : v; }
+  bool preIsIdentity() const { return !hasPre; }
   Acc post(Acc v) const { return hasPost ? v / postDivisor : v; }
 
   // dst[i] = pre(src[i])
@@ -92,6 +93,7 @@ struct Reducer {
 
 // Copy-only collectives (AllGather, Broadcast, send/recv) move bytes and never reduce.
 struct CopyOnly {
+  bool preIsIdentity() const { return true; }
   void preCopy(uint8_t* dst, const uint8_t* src, size_t n) const {
     if (dst != src) memmove(dst, src, n);
   }

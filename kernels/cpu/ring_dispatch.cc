@@ -1,7 +1,9 @@
 #include "kernels/cpu/ring_dispatch.h"
 
+#include <algorithm>
 #include <cstring>
 
+#include "collectives/recursive_doubling.h"
 #include "kernels/cpu/host_prims.h"
 #include "kernels/cpu/reduce.h"
 #include "nccl.h"
@@ -25,7 +27,7 @@ void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
     fn.postDivisor = static_cast<typename E::Acc>(ra.nranks);
   }
   HostPrims<T, Reducer<T, F>> p(sendTo, recvFrom, static_cast<const T*>(op.send),
-                                static_cast<T*>(op.recv), fn, w);
+                                static_cast<T*>(op.recv), fn, w, algo != Algo::kPair);
   switch (op.kind) {
     case CollKind::kAllReduce:
       if (algo == Algo::kPair) {
@@ -43,24 +45,130 @@ void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
     default:
       break;
   }
+  p.finish();
 }
 
-template <typename T>
-void byFn(const CollArgs& op, Algo algo, const algo::RingArgs& ra, transport::FifoView* s,
-          transport::FifoView* r, Waiter* w) {
+// Recursive doubling on the output buffer. Each rank first writes pre(input), rounded to T,
+// into its output, so that every later combination takes two values of the same precision
+// from the two partners and gives both the same bits. Sends copy through slots (never
+// straight from the output, which the step's own reduction overwrites in place).
+template <typename T, RedFn F>
+void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, Waiter* w) {
+  using E = Elem<T>;
+  const algo::RdPlan plan = algo::rdPlan(rank, n);
+  Reducer<T, F> first;  // pre only: the local pass
+  if (op.red.pre) {
+    T s;
+    memcpy(&s, op.red.scalarPtr ? op.red.scalarPtr : op.red.scalar, sizeof(T));
+    first.hasPre = true;
+    first.preScalar = E::load(s);
+  }
+  T* out = static_cast<T*>(op.recv);
+  first.preCopy(out, static_cast<const T*>(op.send), op.count);
+  Reducer<T, F> mid, last;  // plain combination; the last adds Avg's division
+  if (op.red.post) {
+    last.hasPost = true;
+    last.postDivisor = static_cast<typename E::Acc>(n);
+  }
+  // One stage with one partner, in slot-sized pieces (both ends share the link's slot size).
+  auto stage = [&](transport::FifoView* to, transport::FifoView* from, const Reducer<T, F>& fn,
+                   bool send, bool combine, bool receive) {
+    HostPrims<T, Reducer<T, F>> p(to, from, out, out, fn, w, /*directSend=*/false);
+    const size_t chunk = std::max<size_t>(1, (to ? to : from)->slotBytes / sizeof(T));
+    for (size_t at = 0; at < op.count; at += chunk) {
+      const int len = static_cast<int>(std::min(chunk, op.count - at));
+      if (send) p.send(at, len);
+      if (combine) p.recvReduceCopy(at, at, len);
+      if (receive) p.recv(at, len);
+    }
+    p.finish();
+  };
+  if (plan.extra) {
+    stage(links.foldSend, nullptr, mid, true, false, false);
+    stage(nullptr, links.foldRecv, mid, false, false, true);
+    return;
+  }
+  if (plan.fold >= 0) stage(nullptr, links.foldRecv, mid, false, true, false);
+  for (int k = 0; k < plan.steps; ++k) {
+    stage(links.send[k], links.recv[k], k + 1 == plan.steps ? last : mid, true, true, false);
+  }
+  if (plan.fold >= 0) stage(links.foldSend, nullptr, mid, true, false, false);
+}
+
+// Calls body(FnTag<F>{}) for the operation's reduction function.
+template <RedFn F>
+struct FnTag {
+  static constexpr RedFn kFn = F;
+};
+template <class Body>
+void byFn(const CollArgs& op, Body&& body) {
   switch (static_cast<RedFn>(op.red.fn)) {
     case RedFn::kSum:
-      return runReduction<T, RedFn::kSum>(op, algo, ra, s, r, w);
+      return body(FnTag<RedFn::kSum>{});
     case RedFn::kProd:
-      return runReduction<T, RedFn::kProd>(op, algo, ra, s, r, w);
+      return body(FnTag<RedFn::kProd>{});
     case RedFn::kMax:
-      return runReduction<T, RedFn::kMax>(op, algo, ra, s, r, w);
+      return body(FnTag<RedFn::kMax>{});
     case RedFn::kMin:
-      return runReduction<T, RedFn::kMin>(op, algo, ra, s, r, w);
+      return body(FnTag<RedFn::kMin>{});
   }
 }
 
+// Calls body(T{}) with the element type of the operation's datatype.
+template <class Body>
+void byType(const CollArgs& op, Waiter* w, Body&& body) {
+  switch (op.dtype) {
+    case ncclInt8:
+      return body(int8_t{});
+    case ncclUint8:
+      return body(uint8_t{});
+    case ncclInt32:
+      return body(int32_t{});
+    case ncclUint32:
+      return body(uint32_t{});
+    case ncclInt64:
+      return body(int64_t{});
+    case ncclUint64:
+      return body(uint64_t{});
+    case ncclFloat16:
+      return body(half_t{});
+    case ncclFloat32:
+      return body(float{});
+    case ncclFloat64:
+      return body(double{});
+    case ncclBfloat16:
+      return body(bf16_t{});
+    case ncclFloat8e4m3:
+      return body(fp8e4m3_t{});
+    case ncclFloat8e5m2:
+      return body(fp8e5m2_t{});
+    default:
+      w->fail(internalError("unknown datatype " + std::to_string(op.dtype)));
+  }
+}
+
+// The reduction collectives, instantiated per element type and function.
+template <class Body>
+void byTypeAndFn(const CollArgs& op, Waiter* w, Body&& body) {
+  byType(op, w, [&](auto t) { byFn(op, [&](auto f) { body(t, f); }); });
+}
+
 }  // namespace
+
+bool rdSymmetric(const CollArgs& op) {
+  const bool floating = op.dtype == ncclFloat16 || op.dtype == ncclFloat32 ||
+                        op.dtype == ncclFloat64 || op.dtype == ncclBfloat16 ||
+                        op.dtype == ncclFloat8e4m3 || op.dtype == ncclFloat8e5m2;
+  const auto fn = static_cast<RedFn>(op.red.fn);
+  return !(floating && (fn == RedFn::kMax || fn == RedFn::kMin));
+}
+
+void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLinks& links,
+                          Waiter* w) {
+  byTypeAndFn(op, w, [&](auto t, auto f) {
+    runRd<decltype(t), decltype(f)::kFn>(op, rank, nranks, links, w);
+  });
+}
 
 bool movesBytes(CollKind kind) {
   return kind == CollKind::kAllGather || kind == CollKind::kBroadcast;
@@ -76,36 +184,12 @@ void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra, tra
     } else {
       algo::ringBroadcast(p, ra);
     }
+    p.finish();
     return;
   }
-  switch (op.dtype) {
-    case ncclInt8:
-      return byFn<int8_t>(op, algo, ra, s, r, w);
-    case ncclUint8:
-      return byFn<uint8_t>(op, algo, ra, s, r, w);
-    case ncclInt32:
-      return byFn<int32_t>(op, algo, ra, s, r, w);
-    case ncclUint32:
-      return byFn<uint32_t>(op, algo, ra, s, r, w);
-    case ncclInt64:
-      return byFn<int64_t>(op, algo, ra, s, r, w);
-    case ncclUint64:
-      return byFn<uint64_t>(op, algo, ra, s, r, w);
-    case ncclFloat16:
-      return byFn<half_t>(op, algo, ra, s, r, w);
-    case ncclFloat32:
-      return byFn<float>(op, algo, ra, s, r, w);
-    case ncclFloat64:
-      return byFn<double>(op, algo, ra, s, r, w);
-    case ncclBfloat16:
-      return byFn<bf16_t>(op, algo, ra, s, r, w);
-    case ncclFloat8e4m3:
-      return byFn<fp8e4m3_t>(op, algo, ra, s, r, w);
-    case ncclFloat8e5m2:
-      return byFn<fp8e5m2_t>(op, algo, ra, s, r, w);
-    default:
-      w->fail(internalError("unknown datatype " + std::to_string(op.dtype)));
-  }
+  byTypeAndFn(op, w, [&](auto t, auto f) {
+    runReduction<decltype(t), decltype(f)::kFn>(op, algo, ra, s, r, w);
+  });
 }
 
 }  // namespace tutti::cpu

@@ -15,3 +15,20 @@ void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
                     transport::FifoView* sendTo, transport::FifoView* recvFrom, Waiter* w);
 
 }  // namespace tutti::cpu
+
+namespace tutti::cpu {
+
+// The links of one recursive-doubling all-reduce (collectives/recursive_doubling.h): to and
+// from the fold partner (or null), and to and from the partner of each doubling step.
+struct RdLinks {
+  transport::FifoView *foldSend = nullptr, *foldRecv = nullptr;
+  transport::FifoView* send[32] = {};
+  transport::FifoView* recv[32] = {};
+};
+void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLinks& links,
+                          Waiter* w);
+// Whether recursive doubling gives every rank the same bits for this operation: the op must
+// be commutative bit for bit (floating max/min are not, with NaNs).
+bool rdSymmetric(const CollArgs& op);
+
+}  // namespace tutti::cpu

@@ -66,3 +66,63 @@ INSTANTIATE_TEST_SUITE_P(Threads, Matrix,
                          setupName);
 
 }  // namespace
+
+namespace {
+
+// Small all-reduces of 3+ ranks run recursive doubling, where each rank combines partial
+// results in its own order; with inputs whose sums round (unlike the matrix's exact ones)
+// every rank must still end with the same bits, as a ring gives. Also checks the size limit
+// between the two algorithms and that both agree with a double-precision sum.
+TEST(RecursiveDoubling, EveryRankGetsTheSameBitsAndAlgorithmsAgree) {
+  for (int nranks : {3, 5, 6, 8}) {
+    SCOPED_TRACE("nranks " + std::to_string(nranks));
+    std::vector<ncclComm_t> comms = initThreads(nranks);
+    const size_t count = 1000;  // 4 KB of float: recursive doubling; 64 KB: the ring
+    std::vector<std::vector<float>> small(static_cast<size_t>(nranks)),
+        big(static_cast<size_t>(nranks));
+    std::vector<std::vector<uint16_t>> half(static_cast<size_t>(nranks));
+    std::vector<ncclRedOp_t> premul(static_cast<size_t>(nranks));
+    onThreads(nranks, [&](int r) {
+      auto& s = small[size_t(r)];
+      s.resize(count);
+      for (size_t i = 0; i < count; ++i) s[i] = 1.0f / float(3 + 7 * r + int(i % 13)) + 0.1f * r;
+      std::vector<float> b(count * 16);
+      for (size_t i = 0; i < b.size(); ++i) b[i] = s[i % count];
+      EXPECT_EQ(
+          ncclAllReduce(s.data(), s.data(), count, ncclFloat32, ncclSum, comms[size_t(r)], nullptr),
+          ncclSuccess);
+      EXPECT_EQ(ncclAllReduce(b.data(), b.data(), b.size(), ncclFloat32, ncclSum, comms[size_t(r)],
+                              nullptr),
+                ncclSuccess);
+      big[size_t(r)] = std::move(b);
+      // fp16 with a pre-multiplied sum and Avg: scalings on both sides of the combination.
+      auto& h = half[size_t(r)];
+      h.assign(count, uint16_t(0x3c00 + 37 * r));  // about 1.0 + r * 0.036
+      uint16_t scalar = 0x3555;                    // about 1/3
+      EXPECT_EQ(ncclRedOpCreatePreMulSum(&premul[size_t(r)], &scalar, ncclFloat16,
+                                         ncclScalarHostImmediate, comms[size_t(r)]),
+                ncclSuccess);
+      EXPECT_EQ(ncclAllReduce(h.data(), h.data(), count, ncclFloat16, premul[size_t(r)],
+                              comms[size_t(r)], nullptr),
+                ncclSuccess);
+      EXPECT_EQ(
+          ncclAllReduce(h.data(), h.data(), count, ncclFloat16, ncclAvg, comms[size_t(r)], nullptr),
+          ncclSuccess);
+    });
+    for (int r = 1; r < nranks; ++r) {
+      EXPECT_EQ(small[size_t(r)], small[0]) << "rank " << r;
+      EXPECT_EQ(big[size_t(r)], big[0]) << "rank " << r;
+      EXPECT_EQ(half[size_t(r)], half[0]) << "rank " << r;
+    }
+    for (size_t i = 0; i < count; ++i) {
+      double exact = 0;
+      for (int r = 0; r < nranks; ++r) exact += 1.0 / (3 + 7 * r + int(i % 13)) + 0.1 * r;
+      ASSERT_NEAR(small[0][i], exact, 1e-5 * exact) << i;
+      ASSERT_NEAR(big[0][i], small[0][i], 1e-5 * exact) << i;
+    }
+    for (int r = 0; r < nranks; ++r) ncclRedOpDestroy(premul[size_t(r)], comms[size_t(r)]);
+    destroyAll(comms);
+  }
+}
+
+}  // namespace

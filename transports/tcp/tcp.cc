@@ -51,6 +51,7 @@ struct SockState {
   uint64_t next;    // the next step this socket carries (steps congruent to its index)
   size_t done = 0;  // bytes of header + payload moved for `next`
   SlotHeader hdr{};
+  char* user = nullptr;  // the payload of `next` goes here instead of its slot
   bool closed = false;
 };
 
@@ -73,6 +74,8 @@ class TcpConnection : public Connection {
     fifo_.channel = spec.channel;
     fifo_.conn = this;
     drivesIo_ = true;
+    direct_ = env::getInt("TUTTI_TCP_DIRECT", 1) != 0;
+    for (auto& p : src_) p = nullptr;
   }
   ~TcpConnection() override { free(mem_); }
 
@@ -120,11 +123,24 @@ class TcpConnection : public Connection {
   void block(int ms) override {
     pollfd fds[16];
     nfds_t n = 0;
-    for (auto& s : socks_) {
+    for (size_t i = 0; i < socks_.size(); ++i) {
+      const SockState& s = socks_[i];
+      // Waiting for a direct receive, the other sockets hold later steps that stay unread.
+      if (!sending_ && dst_ && i != dstStep_ % socks_.size()) continue;
       if (n < 16 && !s.closed) fds[n++] = {s.sock.fd(), short(sending_ ? POLLOUT : POLLIN), 0};
     }
     if (n) ::poll(fds, n, ms);
   }
+  void sendFrom(uint64_t step, const void* src) override {
+    src_[step % kSteps] = static_cast<const char*>(src);
+  }
+  void recvInto(uint64_t step, void* dst, size_t bytes) override {
+    std::lock_guard<std::mutex> lock(ioMu_);
+    dst_ = static_cast<char*>(dst);
+    dstStep_ = step;
+    dstBytes_ = bytes;
+  }
+  bool landed(uint64_t step) const override { return landed_ == step; }
   void kick() override {
     if (sending_) poll();
     if (!drained()) wakeProxy_();
@@ -189,13 +205,15 @@ class TcpConnection : public Connection {
       }
       size_t payload = s.hdr.sizeWord & kSizeMask;
       size_t total = sizeof(SlotHeader) + payload;
+      const char* src = src_[s.next % kSteps];
+      char* body = src ? const_cast<char*>(src) : fifo_.slot(s.next);
       iovec iov[2];
       int n = 0;
       if (s.done < sizeof(SlotHeader)) {
         iov[n++] = {reinterpret_cast<char*>(&s.hdr) + s.done, sizeof(SlotHeader) - s.done};
-        if (payload) iov[n++] = {fifo_.slot(s.next), payload};
+        if (payload) iov[n++] = {body, payload};
       } else {
-        iov[n++] = {fifo_.slot(s.next) + (s.done - sizeof(SlotHeader)), total - s.done};
+        iov[n++] = {body + (s.done - sizeof(SlotHeader)), total - s.done};
       }
       msghdr msg{};
       msg.msg_iov = iov;
@@ -210,6 +228,7 @@ class TcpConnection : public Connection {
       moved = true;
       s.done += static_cast<size_t>(w);
       if (s.done == total) {
+        src_[s.next % kSteps] = nullptr;
         s.done = 0;
         s.next += socks_.size();
       }
@@ -220,13 +239,21 @@ class TcpConnection : public Connection {
   bool progressRecv(SockState& s, size_t index) {
     bool moved = false;
     while (!s.closed && s.next < fifo_.ctrl->head.load(std::memory_order_acquire) + kSteps) {
+      // While the engine waits for a direct receive, later steps stay in the kernel's socket
+      // buffer: read now, they would land in slots and cost a copy each.
+      if (dst_ && s.next > dstStep_) return moved;
       char* dst;
       size_t want;
       if (s.done < sizeof(SlotHeader)) {
         dst = reinterpret_cast<char*>(&s.hdr) + s.done;
         want = sizeof(SlotHeader) - s.done;
       } else {
-        dst = fifo_.slot(s.next) + (s.done - sizeof(SlotHeader));
+        if (s.done == sizeof(SlotHeader)) {  // the payload's first byte: choose where it goes
+          s.user = dst_ && s.next == dstStep_ && (s.hdr.sizeWord & kSizeMask) == dstBytes_
+                       ? dst_
+                       : nullptr;
+        }
+        dst = (s.user ? s.user : fifo_.slot(s.next)) + (s.done - sizeof(SlotHeader));
         want = sizeof(SlotHeader) + (s.hdr.sizeWord & kSizeMask) - s.done;
       }
       ssize_t r = want ? recv(s.sock.fd(), dst, want, MSG_DONTWAIT) : 0;
@@ -264,6 +291,8 @@ class TcpConnection : public Connection {
       if (s.done >= sizeof(SlotHeader) &&
           s.done == sizeof(SlotHeader) + (s.hdr.sizeWord & kSizeMask)) {
         fifo_.ctrl->sizes[s.next % kSteps].store(s.hdr.sizeWord, std::memory_order_relaxed);
+        if (s.user) landed_ = s.next;
+        s.user = nullptr;
         s.done = 0;
         s.next += socks_.size();
       }
@@ -291,6 +320,14 @@ class TcpConnection : public Connection {
   std::function<Status()> finisher_;
   std::function<void()> wakeProxy_;
   std::mutex ioMu_;  // engine thread or proxy: one of them moves this connection's bytes
+  // Direct transfers. Sender: per slot, the caller's buffer to send from (or null: the slot).
+  // Receiver: the step the engine waits for, where its payload goes, and the last step that
+  // went there.
+  const char* src_[kSteps];
+  char* dst_ = nullptr;
+  uint64_t dstStep_ = 0;
+  size_t dstBytes_ = 0;
+  uint64_t landed_ = UINT64_MAX;
 };
 
 class TcpTransport : public Transport {
