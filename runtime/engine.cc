@@ -156,8 +156,10 @@ Status Engine::runCollective(const CollArgs& op) {
   OpState state(comm_, &op, seq, 0, timeoutS_);
   state.setSpinNs(spinNs_);
   // More than two ranks, a small all-reduce: log2(n) exchanges instead of 2(n-1) ring steps.
-  if (op.kind == CollKind::kAllReduce && n > 2 && total <= rdMaxBytes_ && count > 0 &&
-      cpu::rdSymmetric(op)) {
+  // (Two ranks over tcp have the pair exchange below, which skips recursive doubling's local
+  // copy of the input.)
+  if (op.kind == CollKind::kAllReduce && n >= 2 && total <= rdMaxBytes_ && count > 0 &&
+      (n > 2 || total <= pairMaxBytes_) && algo != cpu::Algo::kPair && cpu::rdSymmetric(op)) {
     return runRecursiveDoubling(op, state);
   }
   transport::FifoView** sendTo = ringSend_;
