@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -33,6 +34,9 @@ struct alignas(64) FifoCtrl {
   std::atomic<uint64_t> head;
   char pad1[56];
   std::atomic<uint64_t> sizes[kSteps];
+  // Single copy (shm): the address of a slot's payload in the sender's memory, or 0 when the
+  // payload is in the slot. Written before tail publishes the step.
+  std::atomic<uint64_t> src[kSteps];
   // Set by either side when its communicator fails or aborts: the other stops waiting.
   std::atomic<uint32_t> broken;
   uint32_t magic;
@@ -76,27 +80,30 @@ class Connection {
   virtual void breakLink() {
     if (fifo_.ctrl) fifo_.ctrl->broken.store(1, std::memory_order_release);
   }
-  // Direct transfers, for transports that copy anyway (tcp: the socket calls are copies):
-  // bytes go between the socket and the caller's buffers without passing through a slot.
+  // Direct transfers: bytes go between the caller's buffers and the peer without a copy
+  // through a slot. tcp: the socket calls copy anyway, so they use the caller's buffers;
+  // shm: the receiver copies straight from the sender's buffer (single copy).
   bool direct() const { return direct_; }
-  // Sender: the payload of `step` (not yet published) is `src`, not the slot. src stays valid
-  // and unchanged until head passes the step.
-  virtual void sendFrom(uint64_t step, const void* src) {
-    (void)step;
-    (void)src;
+  // Sender: the payload of `step` (not yet published) is `bytes` at `src`. Returns false when
+  // the transport copied it into the slot now; true when it keeps using src, which must then
+  // stay valid and unchanged until head passes step.
+  virtual bool sendFrom(uint64_t step, const void* src, size_t bytes) {
+    memcpy(fifo_.slot(step), src, bytes);
+    return false;
   }
-  // Receiver: the engine is about to wait for `step`; if its payload has not started to
-  // arrive, put it in dst (when it is `bytes` long) and read nothing beyond it meanwhile.
-  // dst == nullptr: no destination; the transport may read ahead into slots again.
+  // Receiver: the engine is about to wait for `step`, whose payload it wants in dst (when it
+  // is `bytes` long); dst == nullptr: in the slot.
   virtual void recvInto(uint64_t step, void* dst, size_t bytes) {
     (void)step;
     (void)dst;
     (void)bytes;
   }
-  // Receiver: whether `step`'s payload went to the dst of recvInto (else it is in the slot).
-  virtual bool landed(uint64_t step) const {
+  // Receiver, once tail has passed `step`: brings its payload to the dst of recvInto
+  // (*inDst = true) or to the slot (*inDst = false), copying if the transport must.
+  virtual Status land(uint64_t step, bool* inDst) {
     (void)step;
-    return false;
+    *inDst = false;
+    return Status::Ok();
   }
   virtual const char* transportName() const = 0;
   // The first socket under this connection, or -1 (diagnostics and fault-injection tests).

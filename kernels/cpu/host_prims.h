@@ -120,11 +120,11 @@ class HostPrims {
  private:
   void postDirect(const T* src, int n) {
     if (!acquireSend()) return;
-    sendTo_->conn->sendFrom(sendTo_->step, src);
-    sentDirect_ = true;
+    sentDirect_ |= sendTo_->conn->sendFrom(sendTo_->step, src, size_t(n) * sizeof(T));
     postSend(n);
   }
-  bool landed() const { return recvDirect_ && recvFrom_->conn->landed(recvFrom_->step); }
+  // Whether the last acquireRecv's payload is already in its dst.
+  bool landed() const { return landed_; }
 
   T* acquireSend() {
     transport::FifoView& f = *sendTo_;
@@ -157,6 +157,14 @@ class HostPrims {
                             "datatype and root?"));
       return nullptr;
     }
+    landed_ = false;
+    if (recvDirect_) {
+      Status s = f.conn->land(f.step, &landed_);
+      if (!s.ok()) {
+        w_->fail(s);
+        return nullptr;
+      }
+    }
     return reinterpret_cast<const T*>(f.slot(f.step));
   }
   void releaseRecv() {
@@ -173,6 +181,7 @@ class HostPrims {
   Waiter* w_;
   bool sendDirect_ = false, sendInputDirect_ = false, recvDirect_ = false;
   bool sentDirect_ = false;
+  bool landed_ = false;
 };
 
 }  // namespace tutti::cpu

@@ -90,9 +90,13 @@ class ProcessMatrix : public ::testing::TestWithParam<ProcessMatrixSetup> {};
 
 TEST_P(ProcessMatrix, EveryCollectiveMatchesTheOracle) {
   const ProcessMatrixSetup s = GetParam();
-  std::string env = std::string("NCCL_BUFFSIZE=8192 TUTTI_TIMEOUT=60 NCCL_SHM_DISABLE=") +
-                    (std::string(s.transport) == "tcp" ? "1" : "0") +
-                    (s.nranks == 3 ? " NCCL_MIN_NCHANNELS=2" : "");
+  std::string env =
+      std::string("NCCL_BUFFSIZE=8192 TUTTI_TIMEOUT=60 NCCL_SHM_DISABLE=") +
+      (std::string(s.transport) == "tcp" ? "1" : "0") +
+      // 3 processes: two channels, and shm single copy (process_vm_readv) for
+      // every slot of 256 bytes or more instead of only for big ones.
+      (s.nranks == 3 ? " NCCL_MIN_NCHANNELS=2 TUTTI_SHM_SINGLE_COPY=1 TUTTI_SHM_SINGLE_COPY_MIN=256"
+                     : "");
   RunResult r = runShell(env + " " + runBin() + " -n " + std::to_string(s.nranks) + " " +
                          rankBin() + " coll");
   EXPECT_EQ(r.exitCode, 0) << r.output;

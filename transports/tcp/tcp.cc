@@ -66,6 +66,7 @@ class TcpConnection : public Connection {
     ctrl->tail.store(0);
     ctrl->head.store(0);
     for (auto& s : ctrl->sizes) s.store(0);
+    for (auto& s : ctrl->src) s.store(0);
     ctrl->broken.store(0);
     fifo_.ctrl = ctrl;
     fifo_.slots = mem_ + sizeof(FifoCtrl);
@@ -131,8 +132,9 @@ class TcpConnection : public Connection {
     }
     if (n) ::poll(fds, n, ms);
   }
-  void sendFrom(uint64_t step, const void* src) override {
+  bool sendFrom(uint64_t step, const void* src, size_t) override {
     src_[step % kSteps] = static_cast<const char*>(src);
+    return true;
   }
   void recvInto(uint64_t step, void* dst, size_t bytes) override {
     std::lock_guard<std::mutex> lock(ioMu_);
@@ -140,7 +142,10 @@ class TcpConnection : public Connection {
     dstStep_ = step;
     dstBytes_ = bytes;
   }
-  bool landed(uint64_t step) const override { return landed_ == step; }
+  Status land(uint64_t step, bool* inDst) override {
+    *inDst = landed_ == step;  // progressRecv put it there, if the engine asked in time
+    return Status::Ok();
+  }
   void kick() override {
     if (sending_) poll();
     if (!drained()) wakeProxy_();
