@@ -91,8 +91,8 @@ class Connection {
     memcpy(fifo_.slot(step), src, bytes);
     return false;
   }
-  // Receiver: the engine is about to wait for `step`, whose payload it wants in dst (when it
-  // is `bytes` long); dst == nullptr: in the slot.
+  // Receiver: the engine is about to wait for `step`, whose payload should be `bytes` long; it
+  // wants it in dst (nullptr: in the slot). step UINT64_MAX: no wait pending.
   virtual void recvInto(uint64_t step, void* dst, size_t bytes) {
     (void)step;
     (void)dst;

@@ -110,7 +110,7 @@ class HostPrims {
   // The end of the operation: the caller's buffers are its own again once every byte sent
   // straight from them has left, and a receive destination must not outlive the operation.
   void finish() {
-    if (recvDirect_) recvFrom_->conn->recvInto(0, nullptr, 0);
+    if (recvDirect_) recvFrom_->conn->recvInto(UINT64_MAX, nullptr, 0);
     if (!sentDirect_) return;
     transport::FifoView& f = *sendTo_;
     w_->until([&] { return f.ctrl->head.load(std::memory_order_acquire) >= f.step; }, f,
@@ -143,7 +143,7 @@ class HostPrims {
   // dst: where the payload should go if the transport can put it there (see landed()).
   const T* acquireRecv(int n, T* dst = nullptr) {
     transport::FifoView& f = *recvFrom_;
-    if (recvDirect_) f.conn->recvInto(f.step, dst, dst ? size_t(n) * sizeof(T) : 0);
+    if (recvDirect_) f.conn->recvInto(f.step, dst, size_t(n) * sizeof(T));
     bool ok = w_->until([&] { return f.ctrl->tail.load(std::memory_order_acquire) > f.step; }, f,
                         "receiving from");
     if (!ok) return nullptr;

@@ -183,3 +183,42 @@ TEST(Faults, AnUnknownNetworkTransportIsRefusedByName) {
   }
   for (ncclComm_t c : comms) ncclCommAbort(c);
 }
+
+namespace {
+
+// Ranks that disagree on the count of a collective: every rank gets an error that says so,
+// none hangs, whatever algorithm the sizes pick (pair exchange or recursive doubling for small
+// messages, the ring for large ones) and over either transport.
+class CountMismatch : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CountMismatch, EveryRankFailsWithTheSizes) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", std::string(GetParam()) == "tcp" ? "1" : nullptr);
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  for (size_t base : {size_t(500), size_t(300000)}) {
+    SCOPED_TRACE("count " + std::to_string(base));
+    std::vector<ncclComm_t> comms = initThreads(3);
+    std::vector<ncclResult_t> rc(3);
+    std::vector<std::string> msg(3);
+    const double start = now();
+    onThreads(3, [&](int r) {
+      const size_t count = r == 1 ? base / 2 : base;  // rank 1 disagrees
+      std::vector<float> buf(count, 1.0f);
+      rc[size_t(r)] = ncclAllReduce(buf.data(), buf.data(), count, ncclFloat32, ncclSum,
+                                    comms[size_t(r)], nullptr);
+      msg[size_t(r)] = ncclGetLastError(comms[size_t(r)]);
+    });
+    EXPECT_LT(secondsSince(start), 15.0);
+    int sawSizes = 0;
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_NE(rc[size_t(r)], ncclSuccess) << "rank " << r;
+      sawSizes += msg[size_t(r)].find("bytes") != std::string::npos;
+    }
+    // The ranks that see the odd slot name its size; the others learn of the failure.
+    EXPECT_GE(sawSizes, 1) << msg[0] << "\n" << msg[1] << "\n" << msg[2];
+    for (auto& c : comms) ncclCommAbort(c);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, CountMismatch, ::testing::Values("shm", "tcp"));
+
+}  // namespace

@@ -126,8 +126,8 @@ class TcpConnection : public Connection {
     nfds_t n = 0;
     for (size_t i = 0; i < socks_.size(); ++i) {
       const SockState& s = socks_[i];
-      // Waiting for a direct receive, the other sockets hold later steps that stay unread.
-      if (!sending_ && dst_ && i != dstStep_ % socks_.size()) continue;
+      // A receiver needs the socket of the next step only (see progress()).
+      if (!sending_ && i != nextStep() % socks_.size()) continue;
       if (n < 16 && !s.closed) fds[n++] = {s.sock.fd(), short(sending_ ? POLLOUT : POLLIN), 0};
     }
     if (n) ::poll(fds, n, ms);
@@ -139,8 +139,8 @@ class TcpConnection : public Connection {
   void recvInto(uint64_t step, void* dst, size_t bytes) override {
     std::lock_guard<std::mutex> lock(ioMu_);
     dst_ = static_cast<char*>(dst);
-    dstStep_ = step;
-    dstBytes_ = bytes;
+    expStep_ = step;
+    expBytes_ = bytes;
   }
   Status land(uint64_t step, bool* inDst) override {
     *inDst = landed_ == step;  // progressRecv put it there, if the engine asked in time
@@ -160,12 +160,24 @@ class TcpConnection : public Connection {
   }
 
  private:
+  // The lowest step not yet received (receiver) or sent (sender).
+  uint64_t nextStep() const {
+    uint64_t low = UINT64_MAX;
+    for (const auto& s : socks_) low = std::min(low, s.next);
+    return low;
+  }
   // One non-blocking pass; true when any byte moved. Caller holds ioMu_.
   bool progress() {
     if (failed_.load(std::memory_order_relaxed)) return false;
     bool moved = false;
-    for (size_t i = 0; i < socks_.size(); ++i) {
-      moved |= sending_ ? progressSend(socks_[i]) : progressRecv(socks_[i], i);
+    if (sending_) {
+      for (auto& s : socks_) moved |= progressSend(s);
+    } else {
+      // Only the step the engine needs next, from the socket that carries it: trying other
+      // sockets, or the step after, would mostly find nothing at a system call each (the
+      // engine's next wait asks again). Later steps wait in the kernel's socket buffer.
+      size_t i = nextStep() % socks_.size();
+      moved = progressRecv(socks_[i], i);
     }
     uint64_t low = UINT64_MAX;
     for (auto& s : socks_) low = std::min(low, s.next);
@@ -241,57 +253,51 @@ class TcpConnection : public Connection {
     return moved;
   }
 
+  // Reads at most one step from s; true when any byte moved. When the engine said how long
+  // the step it waits for is (recvInto), header and payload come in one recvmsg.
   bool progressRecv(SockState& s, size_t index) {
     bool moved = false;
     while (!s.closed && s.next < fifo_.ctrl->head.load(std::memory_order_acquire) + kSteps) {
-      // While the engine waits for a direct receive, later steps stay in the kernel's socket
-      // buffer: read now, they would land in slots and cost a copy each.
-      if (dst_ && s.next > dstStep_) return moved;
-      char* dst;
-      size_t want;
+      const bool expected = s.next == expStep_;
+      iovec iov[2];
+      int niov = 1;
       if (s.done < sizeof(SlotHeader)) {
-        dst = reinterpret_cast<char*>(&s.hdr) + s.done;
-        want = sizeof(SlotHeader) - s.done;
-      } else {
-        if (s.done == sizeof(SlotHeader)) {  // the payload's first byte: choose where it goes
-          s.user = dst_ && s.next == dstStep_ && (s.hdr.sizeWord & kSizeMask) == dstBytes_
-                       ? dst_
-                       : nullptr;
+        iov[0] = {reinterpret_cast<char*>(&s.hdr) + s.done, sizeof(SlotHeader) - s.done};
+        if (expected && expBytes_ > 0) {
+          iov[niov++] = {dst_ ? dst_ : fifo_.slot(s.next), std::min(expBytes_, fifo_.slotBytes)};
         }
-        dst = (s.user ? s.user : fifo_.slot(s.next)) + (s.done - sizeof(SlotHeader));
-        want = sizeof(SlotHeader) + (s.hdr.sizeWord & kSizeMask) - s.done;
+      } else {
+        iov[0] = {(s.user ? s.user : fifo_.slot(s.next)) + (s.done - sizeof(SlotHeader)),
+                  sizeof(SlotHeader) + (s.hdr.sizeWord & kSizeMask) - s.done};
       }
-      ssize_t r = want ? recv(s.sock.fd(), dst, want, MSG_DONTWAIT) : 0;
-      if (want && r < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
-        fail(std::string("receiving from ") + peerName_ + " failed: " + strerror(errno));
-        return moved;
-      }
-      if (want && r == 0) {
-        // The peer closed. Not an error by itself (it may have finished and left), but a
-        // wait for more data from this socket now fails instead of hanging (health()).
-        s.closed = true;
-        eof_[index].store(true, std::memory_order_release);
-        TUTTI_INFO(log::kNet, "tcp: %s closed a connection", peerName_.c_str());
-        return moved;
-      }
-      moved = true;
-      s.done += static_cast<size_t>(r);
-      if (s.done == sizeof(SlotHeader)) {
-        size_t size = s.hdr.sizeWord & kSizeMask;
-        if (s.hdr.magic != kSlotMagic || s.hdr.step != static_cast<uint32_t>(s.next) ||
-            size > fifo_.slotBytes || (s.hdr.sizeWord & ~(kSizeMask | kLastSlot))) {
-          char buf[160];
-          snprintf(buf, sizeof(buf),
-                   " sent malformed data (slot header magic 0x%08x step %u size word 0x%llx, "
-                   "expected step %u)",
-                   s.hdr.magic, s.hdr.step, static_cast<unsigned long long>(s.hdr.sizeWord),
-                   static_cast<uint32_t>(s.next));
-          fail(peerName_ + buf);
-          shutdown(s.sock.fd(), SHUT_RDWR);
+      ssize_t r = 0;
+      if (iov[0].iov_len > 0) {
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = static_cast<size_t>(niov);
+        r = recvmsg(s.sock.fd(), &msg, MSG_DONTWAIT);
+        if (r < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
+          fail(std::string("receiving from ") + peerName_ + " failed: " + strerror(errno));
           return moved;
         }
+        if (r == 0) {
+          // The peer closed. Not an error by itself (it may have finished and left), but a
+          // wait for more data from this socket now fails instead of hanging (health()).
+          s.closed = true;
+          eof_[index].store(true, std::memory_order_release);
+          TUTTI_INFO(log::kNet, "tcp: %s closed a connection", peerName_.c_str());
+          return moved;
+        }
+      }
+      moved = true;
+      const bool hadHeader = s.done >= sizeof(SlotHeader);
+      s.done += static_cast<size_t>(r);
+      if (!hadHeader && s.done >= sizeof(SlotHeader)) {
+        if (!headerOk(s, niov == 2)) return moved;
+        // Where the payload goes: the engine's buffer when it asked for this step in time.
+        s.user = expected && dst_ && (s.hdr.sizeWord & kSizeMask) == expBytes_ ? dst_ : nullptr;
       }
       if (s.done >= sizeof(SlotHeader) &&
           s.done == sizeof(SlotHeader) + (s.hdr.sizeWord & kSizeMask)) {
@@ -300,9 +306,36 @@ class TcpConnection : public Connection {
         s.user = nullptr;
         s.done = 0;
         s.next += socks_.size();
+        return true;  // one step per call (see progress())
       }
     }
     return moved;
+  }
+
+  // Checks a slot header before anything trusts it. combined: the payload was read with it,
+  // into a buffer sized for the length the engine expected, so any other length is fatal (a
+  // shorter one would have swallowed the start of the next step).
+  bool headerOk(SockState& s, bool combined) {
+    const size_t size = s.hdr.sizeWord & kSizeMask;
+    char buf[200];
+    if (s.hdr.magic != kSlotMagic || s.hdr.step != static_cast<uint32_t>(s.next) ||
+        size > fifo_.slotBytes || (s.hdr.sizeWord & ~(kSizeMask | kLastSlot))) {
+      snprintf(buf, sizeof(buf),
+               " sent malformed data (slot header magic 0x%08x step %u size word 0x%llx, "
+               "expected step %u)",
+               s.hdr.magic, s.hdr.step, static_cast<unsigned long long>(s.hdr.sizeWord),
+               static_cast<uint32_t>(s.next));
+    } else if (combined && size != expBytes_) {
+      snprintf(buf, sizeof(buf),
+               " sent a slot of %zu bytes where this rank expected %zu: do all ranks call the "
+               "same collectives with the same count, datatype and root?",
+               size, expBytes_);
+    } else {
+      return true;
+    }
+    fail(peerName_ + buf);
+    shutdown(s.sock.fd(), SHUT_RDWR);
+    return false;
   }
 
   void fail(const std::string& why) {
@@ -326,12 +359,12 @@ class TcpConnection : public Connection {
   std::function<void()> wakeProxy_;
   std::mutex ioMu_;  // engine thread or proxy: one of them moves this connection's bytes
   // Direct transfers. Sender: per slot, the caller's buffer to send from (or null: the slot).
-  // Receiver: the step the engine waits for, where its payload goes, and the last step that
-  // went there.
+  // Receiver: the step the engine waits for, its length, where its payload should go (null:
+  // the slot), and the last step that went to such a destination.
   const char* src_[kSteps];
   char* dst_ = nullptr;
-  uint64_t dstStep_ = 0;
-  size_t dstBytes_ = 0;
+  uint64_t expStep_ = UINT64_MAX;
+  size_t expBytes_ = 0;
   uint64_t landed_ = UINT64_MAX;
 };
 
