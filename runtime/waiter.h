@@ -94,9 +94,7 @@ class Waiter {
       } else {
         if (drive && i >= kYieldsBeforeBlock) {
           f.conn->block(1);  // tcp: sleep in the kernel until the socket is ready
-        } else if (drive) {
-          sched_yield();
-        } else if (i < 4096) {
+        } else if (drive || i < 4096) {
           sched_yield();
         } else {
           nap();

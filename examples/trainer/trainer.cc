@@ -59,7 +59,7 @@ class Run {
   bool setUp(const Dataset* data);
   bool initState();
   bool step(const std::vector<int>& perm, int64_t index_in_epoch, double* loss, int64_t* right);
-  bool evaluate(double* loss, int64_t* right, int64_t* count);
+  void evaluate(double* loss, int64_t* right, int64_t* count);
   bool finishEpoch(int epoch, int64_t steps, double t_train, double loss, int64_t right,
                    int64_t seen);
   bool save();
@@ -237,7 +237,7 @@ bool Run::step(const std::vector<int>& perm, int64_t index_in_epoch, double* los
 }
 
 // Each rank scores its interleaved share of the test set; finishEpoch sums them.
-bool Run::evaluate(double* loss, int64_t* right, int64_t* count) {
+void Run::evaluate(double* loss, int64_t* right, int64_t* count) {
   const Split& t = data_->test;
   const int batch = int(y_.size());
   int n = 0;
@@ -252,7 +252,6 @@ bool Run::evaluate(double* loss, int64_t* right, int64_t* count) {
       n = 0;
     }
   }
-  return true;
 }
 
 bool Run::finishEpoch(int epoch, int64_t steps, double t_train, double loss, int64_t right,

@@ -38,7 +38,7 @@ class HostPrims {
   void recv(size_t outOff, int n) {
     const T* r = acquireRecv(n, out_ + outOff);
     if (!r) return;
-    if (!landed()) memcpy(out_ + outOff, r, size_t(n) * sizeof(T));
+    if (!landed_) memcpy(out_ + outOff, r, size_t(n) * sizeof(T));
     releaseRecv();
   }
   void recvReduceSend(size_t inOff, int n) {
@@ -123,8 +123,6 @@ class HostPrims {
     sentDirect_ |= sendTo_->conn->sendFrom(sendTo_->step, src, size_t(n) * sizeof(T));
     postSend(n);
   }
-  // Whether the last acquireRecv's payload is already in its dst.
-  bool landed() const { return landed_; }
 
   T* acquireSend() {
     transport::FifoView& f = *sendTo_;
@@ -140,7 +138,7 @@ class HostPrims {
     f.ctrl->tail.store(++f.step, std::memory_order_release);
     if (f.conn->drivesIo()) f.conn->kick();
   }
-  // dst: where the payload should go if the transport can put it there (see landed()).
+  // dst: where the payload should go if the transport can put it there (landed_ says).
   const T* acquireRecv(int n, T* dst = nullptr) {
     transport::FifoView& f = *recvFrom_;
     if (recvDirect_) f.conn->recvInto(f.step, dst, size_t(n) * sizeof(T));
@@ -181,7 +179,7 @@ class HostPrims {
   Waiter* w_;
   bool sendDirect_ = false, sendInputDirect_ = false, recvDirect_ = false;
   bool sentDirect_ = false;
-  bool landed_ = false;
+  bool landed_ = false;  // the last acquireRecv's payload is already in its dst
 };
 
 }  // namespace tutti::cpu

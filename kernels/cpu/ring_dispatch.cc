@@ -11,17 +11,22 @@
 namespace tutti::cpu {
 namespace {
 
+// ncclRedOpCreatePreMulSum's scalar (host-immediate copy, or read from its pointer now).
+template <typename T, RedFn F>
+void setPre(const CollArgs& op, Reducer<T, F>* fn) {
+  if (!op.red.pre) return;
+  T s;
+  memcpy(&s, op.red.scalarPtr ? op.red.scalarPtr : op.red.scalar, sizeof(T));
+  fn->hasPre = true;
+  fn->preScalar = Elem<T>::load(s);
+}
+
 template <typename T, RedFn F>
 void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
                   transport::FifoView* sendTo, transport::FifoView* recvFrom, Waiter* w) {
   using E = Elem<T>;
   Reducer<T, F> fn;
-  if (op.red.pre) {
-    T s;
-    memcpy(&s, op.red.scalarPtr ? op.red.scalarPtr : op.red.scalar, sizeof(T));
-    fn.hasPre = true;
-    fn.preScalar = E::load(s);
-  }
+  setPre(op, &fn);
   if (op.red.post) {
     fn.hasPost = true;
     fn.postDivisor = static_cast<typename E::Acc>(ra.nranks);
@@ -57,12 +62,7 @@ void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, Waiter* w)
   using E = Elem<T>;
   const algo::RdPlan plan = algo::rdPlan(rank, n);
   Reducer<T, F> first;  // pre only: the local pass
-  if (op.red.pre) {
-    T s;
-    memcpy(&s, op.red.scalarPtr ? op.red.scalarPtr : op.red.scalar, sizeof(T));
-    first.hasPre = true;
-    first.preScalar = E::load(s);
-  }
+  setPre(op, &first);
   T* out = static_cast<T*>(op.recv);
   first.preCopy(out, static_cast<const T*>(op.send), op.count);
   Reducer<T, F> mid, last;  // plain combination; the last adds Avg's division

@@ -223,7 +223,7 @@ class ShmTransport : public Transport {
     auto conn = std::make_unique<ShmConnection>(spec, base.value(), d.bytes, d.name, true, p.pid,
                                                 checkPid(p));
     // The receiving side copies whatever slots the sender publishes by address.
-    if (singleCopy_) conn->enableSingleCopy(p.pid == me().pid && p.pidNs == me().pidNs, 0);
+    if (singleCopy_) conn->enableSingleCopy(sameProcess(p), 0);
     return std::unique_ptr<Connection>(std::move(conn));
   }
 
@@ -253,7 +253,7 @@ class ShmTransport : public Transport {
     auto conn = std::make_unique<ShmConnection>(spec, base.value(), d.bytes, d.name, false, p.pid,
                                                 checkPid(p));
     if (singleCopy_) {
-      const bool same = p.pid == me().pid && p.pidNs == me().pidNs;
+      const bool same = sameProcess(p);
       if (same || (checkPid(p) && canReach(p, d))) {
         conn->enableSingleCopy(same, same ? std::min<size_t>(minBytes_, 4096) : minBytes_);
       } else {
@@ -271,6 +271,7 @@ class ShmTransport : public Transport {
     return p;
   }
   const PeerInfo& me() const { return comm_.peers()[static_cast<size_t>(comm_.rank())]; }
+  bool sameProcess(const PeerInfo& p) const { return p.pid == me().pid && p.pidNs == me().pidNs; }
   // Whether this process can read the peer's memory (and so, by the same rule, it ours).
   static bool canReach(const PeerInfo& p, const ShmDesc& d) {
     uint64_t got = 0;

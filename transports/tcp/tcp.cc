@@ -179,8 +179,7 @@ class TcpConnection : public Connection {
       size_t i = nextStep() % socks_.size();
       moved = progressRecv(socks_[i], i);
     }
-    uint64_t low = UINT64_MAX;
-    for (auto& s : socks_) low = std::min(low, s.next);
+    const uint64_t low = nextStep();
     if (sending_) {
       if (low > fifo_.ctrl->head.load(std::memory_order_relaxed))
         fifo_.ctrl->head.store(low, std::memory_order_release);
