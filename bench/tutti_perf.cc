@@ -3,7 +3,10 @@
 //   tutti-perf all_reduce -b 8 -e 64M -f 4 -t 2          (2 ranks as threads)
 //   tutti-run -n 2 tutti-perf all_reduce -b 8 -e 64M     (2 ranks as processes)
 // Ranks are threads of one process (-t N), or one per process under tutti-run, torchrun,
-// mpirun or srun. Host buffers (--mem host); device buffers come with the GPU data path.
+// mpirun or srun. Host buffers (--mem host) or GPU buffers (--mem device: rank r on device
+// r % device count, so -t 4 on one GPU runs 4 ranks there; each rank has a stream of its own).
+// Only the NCCL API and the CUDA runtime are used, so the same binary runs on NVIDIA's NCCL
+// (LD_LIBRARY_PATH or LD_PRELOAD its libnccl.so.2) for comparison.
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,9 +15,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
+
+#ifdef TUTTI_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "kernels/cpu/types.h"
 #include "nccl.h"
@@ -356,9 +364,59 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// GPU buffers and the rank's stream (--mem device). Every call is checked: a benchmark that
+// goes on after a CUDA error measures nothing.
+class DeviceMem {
+ public:
+#ifdef TUTTI_HAVE_CUDA
+  static void check(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "tutti-perf: %s: %s\n", what, cudaGetErrorString(e));
+    exit(1);
+  }
+  DeviceMem() {
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaMalloc(&scratch_, sizeof(double)), "cudaMalloc");
+  }
+  ~DeviceMem() {
+    cudaFree(send_);
+    cudaFree(recv_);
+    cudaFree(scratch_);
+    cudaStreamDestroy(stream_);
+  }
+  void reserve(size_t bytes) {
+    if (bytes <= bytes_) return;
+    cudaFree(send_);
+    cudaFree(recv_);
+    check(cudaMalloc(&send_, bytes), "cudaMalloc");
+    check(cudaMalloc(&recv_, bytes), "cudaMalloc");
+    bytes_ = bytes;
+  }
+  char* send() const { return static_cast<char*>(send_); }
+  char* recv() const { return static_cast<char*>(recv_); }
+  double* scratch() const { return static_cast<double*>(scratch_); }
+  cudaStream_t stream() const { return stream_; }
+  void sync() { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  void toDevice(void* d, const void* h, size_t n) {
+    check(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  void toHost(void* h, const void* d, size_t n) {
+    check(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  }
+  void fill(void* d, int v, size_t n) { check(cudaMemset(d, v, n), "cudaMemset"); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  void *send_ = nullptr, *recv_ = nullptr, *scratch_ = nullptr;
+  size_t bytes_ = 0;
+#endif
+};
+
 class Runner {
  public:
-  Runner(const Options& o, const Rank& r) : o_(o), r_(r) {}
+  Runner(const Options& o, const Rank& r) : o_(o), r_(r) {
+    if (o.deviceMem) dev_ = std::make_unique<DeviceMem>();
+  }
 
   // count: elements per rank block (per-rank coll) or of the whole buffer.
   Result run(size_t count, int op, bool inPlace) {
@@ -378,6 +436,13 @@ class Runner {
     if (sendBuf_.size() < big) sendBuf_.assign(big, 0);
     char* send = sendBuf_.data();
     char* recv = recvBuf_.data();
+#ifdef TUTTI_HAVE_CUDA
+    if (dev_) {
+      dev_->reserve(std::max<size_t>(big, 1));
+      send = dev_->send();
+      recv = dev_->recv();
+    }
+#endif
     if (inPlace) {
       send = recv;
       if (c.coll == Coll::kAllGather) send = recv + size_t(r_.rank) * count * es;
@@ -399,13 +464,28 @@ class Runner {
         exit(1);
       }
     }
+    waitStream();  // device: the calls returned at once; the time is when the stream is done
     double seconds = (now() - t0) / o_.iters / o_.agg;
     long long wrong = 0;
     if (o_.check) {
-      for (size_t j = 0; j < sendElems; ++j) store(o_.dtype, inputValue(r_.rank, j), send + j * es);
-      if (!inPlace) memset(recv, 0xff, recvElems * es);
+      // Filled and checked on the host; on the GPU through copies of the same bytes.
+      char* hs = sendBuf_.data();
+      char* hr = recvBuf_.data();
+      if (inPlace && !dev_) hs = send;
+      for (size_t j = 0; j < sendElems; ++j) store(o_.dtype, inputValue(r_.rank, j), hs + j * es);
+#ifdef TUTTI_HAVE_CUDA
+      if (dev_) {
+        dev_->toDevice(send, hs, sendElems * es);
+        if (!inPlace) dev_->fill(recv, 0xff, recvElems * es);
+      }
+#endif
+      if (!dev_ && !inPlace) memset(recv, 0xff, recvElems * es);
       if (call(send, recv, count, op) != ncclSuccess) exit(1);
-      wrong = verify(recv, count, op);
+      waitStream();
+#ifdef TUTTI_HAVE_CUDA
+      if (dev_) dev_->toHost(hr, recv, recvElems * es);
+#endif
+      wrong = verify(dev_ ? hr : recv, count, op);
     }
     return {seconds, wrong};
   }
@@ -417,27 +497,28 @@ class Runner {
     auto t = static_cast<ncclDataType_t>(o_.dtype);
     auto rop = static_cast<ncclRedOp_t>(op);
     ncclComm_t cm = r_.comm;
+    cudaStream_t st = stream();
     switch (o_.coll->coll) {
       case Coll::kAllReduce:
-        return ncclAllReduce(s, r, count, t, rop, cm, nullptr);
+        return ncclAllReduce(s, r, count, t, rop, cm, st);
       case Coll::kAllGather:
-        return ncclAllGather(s, r, count, t, cm, nullptr);
+        return ncclAllGather(s, r, count, t, cm, st);
       case Coll::kReduceScatter:
-        return ncclReduceScatter(s, r, count, t, rop, cm, nullptr);
+        return ncclReduceScatter(s, r, count, t, rop, cm, st);
       case Coll::kBroadcast:
-        return ncclBroadcast(s, r, count, t, o_.root, cm, nullptr);
+        return ncclBroadcast(s, r, count, t, o_.root, cm, st);
       case Coll::kReduce:
-        return ncclReduce(s, r, count, t, rop, o_.root, cm, nullptr);
+        return ncclReduce(s, r, count, t, rop, o_.root, cm, st);
       case Coll::kAlltoAll:
-        return ncclAlltoAll(s, r, count, t, cm, nullptr);
+        return ncclAlltoAll(s, r, count, t, cm, st);
       case Coll::kGather:
-        return ncclGather(s, r, count, t, o_.root, cm, nullptr);
+        return ncclGather(s, r, count, t, o_.root, cm, st);
       case Coll::kScatter:
-        return ncclScatter(s, r, count, t, o_.root, cm, nullptr);
+        return ncclScatter(s, r, count, t, o_.root, cm, st);
       case Coll::kSendRecv: {
         ncclGroupStart();
-        ncclSend(s, count, t, (r_.rank + 1) % r_.nranks, cm, nullptr);
-        ncclRecv(r, count, t, (r_.rank + r_.nranks - 1) % r_.nranks, cm, nullptr);
+        ncclSend(s, count, t, (r_.rank + 1) % r_.nranks, cm, st);
+        ncclRecv(r, count, t, (r_.rank + r_.nranks - 1) % r_.nranks, cm, st);
         return ncclGroupEnd();
       }
     }
@@ -486,21 +567,43 @@ class Runner {
     return wrong;
   }
 
-  void sync() {
-    double x = 0;
-    ncclAllReduce(&x, &x, 1, ncclDouble, ncclSum, r_.comm, nullptr);
+  cudaStream_t stream() const {
+#ifdef TUTTI_HAVE_CUDA
+    if (dev_) return dev_->stream();
+#endif
+    return nullptr;
+  }
+  void waitStream() {
+#ifdef TUTTI_HAVE_CUDA
+    if (dev_) dev_->sync();
+#endif
   }
 
+  void sync() { combine(0, ncclSum); }
+
+ public:
+  // Combines a per-rank value across all ranks with the communicator itself (on the GPU in
+  // device mode: NVIDIA's NCCL takes no host buffers).
+  double combine(double v, ncclRedOp_t op) {
+#ifdef TUTTI_HAVE_CUDA
+    if (dev_) {
+      dev_->toDevice(dev_->scratch(), &v, sizeof(v));
+      ncclAllReduce(dev_->scratch(), dev_->scratch(), 1, ncclDouble, op, r_.comm, dev_->stream());
+      dev_->sync();
+      dev_->toHost(&v, dev_->scratch(), sizeof(v));
+      return v;
+    }
+#endif
+    ncclAllReduce(&v, &v, 1, ncclDouble, op, r_.comm, nullptr);
+    return v;
+  }
+
+ private:
   const Options& o_;
   Rank r_;
   std::vector<char> sendBuf_, recvBuf_;
+  std::unique_ptr<DeviceMem> dev_;
 };
-
-// Combine a per-rank value across all ranks with the communicator itself.
-double combine(const Rank& r, double v, ncclRedOp_t op) {
-  ncclAllReduce(&v, &v, 1, ncclDouble, op, r.comm, nullptr);
-  return v;
-}
 
 int runRank(const Options& o, const Rank& r, bool printer, double* busSum, int* lines,
             long long* wrongTotal) {
@@ -523,11 +626,11 @@ int runRank(const Options& o, const Rank& r, bool printer, double* busSum, int* 
         double t = res.seconds;
         if (t >= 0) {
           ncclRedOp_t how = o.average == 2 ? ncclMin : o.average == 3 ? ncclMax : ncclSum;
-          t = combine(r, t, how);
+          t = run.combine(t, how);
           if (o.average == 1) t /= r.nranks;
           if (o.average == 0) t = res.seconds;  // rank 0's own time
         }
-        long long wrong = (long long)combine(r, double(res.wrong), ncclSum);
+        long long wrong = (long long)run.combine(double(res.wrong), ncclSum);
         double algbw = t > 0 ? double(total * es) / t / 1e9 : 0;
         double factor = 1;
         if (c.coll == Coll::kAllReduce) factor = 2.0 * double(n - 1) / double(n);
@@ -561,9 +664,13 @@ void header(const Options& o, int nranks, const std::vector<Rank>& local) {
       o.factor > 1 ? "factor" : "bytes", o.warmup, o.iters, o.agg, o.check);
   char host[64] = {};
   gethostname(host, sizeof(host) - 1);
-  printf("# Using devices (host memory: %d rank(s) in all)\n", nranks);
+  printf("# Using devices (%s memory: %d rank(s) in all)\n", o.deviceMem ? "device" : "host",
+         nranks);
   for (const Rank& r : local) {
-    printf("#  Rank %2d Group  0 Pid %6d on %10s device -1 [CPU]\n", r.rank, int(getpid()), host);
+    int dev = -1;
+    if (o.deviceMem) ncclCommCuDevice(r.comm, &dev);
+    printf("#  Rank %2d Group  0 Pid %6d on %10s device %2d [%s]\n", r.rank, int(getpid()), host,
+           dev, o.deviceMem ? "GPU" : "CPU");
   }
   printf("#\n#%*s%s%*s%s\n", 57, "", "out-of-place", 25, "", "in-place");
   printf(
@@ -578,10 +685,18 @@ void header(const Options& o, int nranks, const std::vector<Rank>& local) {
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
-  if (o.deviceMem) {
-    fprintf(stderr,
-            "tutti-perf: --mem device needs the GPU data path, which this tutti build "
-            "does not have yet; use --mem host\n");
+  int devices = 0;
+#ifdef TUTTI_HAVE_CUDA
+  if (o.deviceMem && cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+#endif
+  if (o.deviceMem && devices == 0) {
+    fprintf(stderr, "tutti-perf: --mem device: no CUDA device%s; use --mem host\n",
+#ifdef TUTTI_HAVE_CUDA
+            ""
+#else
+            " (built without CUDA)"
+#endif
+    );
     return 2;
   }
   setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -612,6 +727,9 @@ int main(int argc, char** argv) {
     ncclGroupStart();
     for (int t = 0; t < o.threads; ++t) {
       ranks[size_t(t)] = {nullptr, t, o.threads};
+#ifdef TUTTI_HAVE_CUDA
+      if (o.deviceMem) DeviceMem::check(cudaSetDevice(t % devices), "cudaSetDevice");
+#endif
       ncclCommInitRank(&ranks[size_t(t)].comm, o.threads, id, t);
     }
     if (ncclGroupEnd() != ncclSuccess) {
@@ -628,8 +746,16 @@ int main(int argc, char** argv) {
   std::vector<long long> wrong(ranks.size(), 0);
   std::vector<std::thread> threads;
   for (size_t t = 0; t < ranks.size(); ++t) {
-    threads.emplace_back(
-        [&, t] { runRank(o, ranks[t], printer && t == 0, &busSum[t], &lines[t], &wrong[t]); });
+    threads.emplace_back([&, t] {
+#ifdef TUTTI_HAVE_CUDA
+      if (o.deviceMem) {
+        int d = 0;
+        ncclCommCuDevice(ranks[t].comm, &d);
+        DeviceMem::check(cudaSetDevice(d), "cudaSetDevice");
+      }
+#endif
+      runRank(o, ranks[t], printer && t == 0, &busSum[t], &lines[t], &wrong[t]);
+    });
   }
   for (auto& th : threads) th.join();
   for (Rank& r : ranks) ncclCommDestroy(r.comm);

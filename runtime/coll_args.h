@@ -34,7 +34,9 @@ struct CollArgs {
   int dtype;
   int op;  // the ncclRedOp_t as passed, -1 for non-reductions
   RedOpSpec red;
-  int root;  // root, or peer for send/recv
+  int root;                // root, or peer for send/recv
+  void* stream = nullptr;  // cudaStream_t: where an operation on GPU buffers is enqueued
+  bool device = false;     // GPU buffers: the CUDA engine runs it
 };
 
 }  // namespace tutti

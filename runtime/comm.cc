@@ -8,6 +8,7 @@
 
 #include "nccl.h"
 #include "runtime/cuda_shim.h"
+#include "runtime/device_engine.h"
 #include "runtime/dtype.h"
 #include "runtime/engine.h"
 #include "runtime/env.h"
@@ -25,8 +26,25 @@ Comm::~Comm() {
   if (worker_.joinable()) worker_.join();
   if (root_) root_->stopAndWait();
   for (auto& h : helpers_) h.wait();
+  deviceEngine_.reset();  // waits for this comm's kernels: they use its FIFOs
   engine_.reset();
   links_.reset();
+}
+
+DeviceEngine& Comm::deviceEngine() {
+  std::lock_guard<std::mutex> lock(deviceMu_);
+  if (!deviceEngine_) deviceEngine_ = std::make_unique<DeviceEngine>(*this);
+  return *deviceEngine_;
+}
+
+void Comm::pollDeviceErrors() {
+  DeviceEngine* d;
+  {
+    std::lock_guard<std::mutex> lock(deviceMu_);
+    d = deviceEngine_.get();
+  }
+  if (!d) return;
+  if (Status s = d->kernelError(); !s.ok() && asyncCode() == Code::kOk) setAsyncError(s);
 }
 
 void Comm::breakLinks() {

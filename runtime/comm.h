@@ -21,6 +21,7 @@
 
 namespace tutti {
 
+class DeviceEngine;
 class Engine;
 class Links;
 
@@ -65,7 +66,13 @@ class Comm {
   void setAsyncError(const Status& s);
 
   // Makes every wait of this comm return; safe from any thread, returns at once.
-  void requestAbort() { abort_.store(true, std::memory_order_release); }
+  void requestAbort() {
+    abort_.store(true, std::memory_order_release);
+    // Kernels of this comm poll this word (mapped host memory) instead.
+    if (uint32_t* w = deviceAbortWord_.load(std::memory_order_acquire))
+      __atomic_store_n(w, 1u, __ATOMIC_RELEASE);
+  }
+  void setDeviceAbortWord(uint32_t* w) { deviceAbortWord_.store(w, std::memory_order_release); }
   bool aborted() const { return abort_.load(std::memory_order_acquire); }
   const std::atomic<bool>* abortFlag() const { return &abort_; }
 
@@ -92,6 +99,10 @@ class Comm {
   // Data path (made by init): connections to peers and the CPU engine.
   Links& links() { return *links_; }
   Engine& engine() { return *engine_; }
+  // The CUDA engine, made the first time an operation on GPU buffers needs it.
+  DeviceEngine& deviceEngine();
+  // Turns what a kernel reported (abort, deadline) into this comm's async error.
+  void pollDeviceErrors();
   // Tells every connected peer this rank has gone (abort); no-op before init finished.
   void breakLinks();
   uint64_t nextSeq() { return seq_.fetch_add(1); }
@@ -119,6 +130,7 @@ class Comm {
   mutable std::mutex mu_;
   std::string asyncMessage_;
   std::atomic<bool> abort_{false};
+  std::atomic<uint32_t*> deviceAbortWord_{nullptr};
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<PeerInfo> peers_;
   std::thread worker_;
@@ -141,6 +153,8 @@ class Comm {
   // Declared last: freed first, while bootstrap and peers are still there.
   std::unique_ptr<Links> links_;
   std::unique_ptr<Engine> engine_;
+  std::mutex deviceMu_;
+  std::unique_ptr<DeviceEngine> deviceEngine_;  // freed before the host engine and links
 };
 
 // Live communicators, so a destroyed or never-created handle is refused instead of followed.

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <cstdlib>
 #include <mutex>
 
 namespace tutti::cuda {
@@ -11,6 +12,17 @@ namespace tutti::cuda {
 #ifdef TUTTI_HAVE_CUDA
 
 namespace {
+
+// Kernels of ranks that share a GPU wait for each other from different streams. CUDA maps
+// streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 unless set), and two streams on
+// one queue run in order: a caller's stream waiting for rank A's kernel ahead of rank B's kernel
+// in the same queue would deadlock A and B. 32 queues (the most) fit 16 ranks per GPU with a
+// stream each. Set at load, before the application makes its CUDA context; never overrides a
+// value the user chose.
+__attribute__((constructor)) void widenDeviceQueues() {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+}
+
 struct Probe {
   int count = 0;
   std::string reason;
@@ -81,6 +93,16 @@ bool isDevicePointer(const void* ptr) {
   return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
 }
 
+int pointerDevice(const void* ptr) {
+  if (deviceCount() == 0 || !ptr) return -1;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return attr.type == cudaMemoryTypeDevice ? attr.device : -1;
+}
+
 #else  // !TUTTI_HAVE_CUDA
 
 int deviceCount() { return 0; }
@@ -96,6 +118,7 @@ Status deviceMalloc(void**, size_t) {
 }
 Status deviceFree(void*) { return Status(Code::kCudaError, "tutti was built without CUDA"); }
 bool isDevicePointer(const void*) { return false; }
+int pointerDevice(const void*) { return -1; }
 
 #endif
 

@@ -24,5 +24,7 @@ Status deviceMalloc(void** ptr, size_t bytes);
 Status deviceFree(void* ptr);
 // True when ptr is device (or managed) memory known to the CUDA runtime.
 bool isDevicePointer(const void* ptr);
+// The device a device pointer belongs to (-1 for host, managed or unknown memory).
+int pointerDevice(const void* ptr);
 
 }  // namespace tutti::cuda

@@ -9,6 +9,7 @@
 #include "collectives/recursive_doubling.h"
 #include "kernels/cpu/ring_dispatch.h"
 #include "runtime/comm.h"
+#include "runtime/device_engine.h"
 #include "runtime/dtype.h"
 #include "runtime/env.h"
 #include "runtime/links.h"
@@ -96,13 +97,15 @@ int Engine::channelsFor(size_t bytes) const {
   return static_cast<int>(std::clamp<size_t>(want, size_t(minChannels_), size_t(maxChannels_)));
 }
 
-void Engine::runAsync(const std::vector<CollArgs>* ops, Status* out) {
-  runner_.post([this, ops, out] { *out = run(*ops); });
+void Engine::runAsync(const std::vector<CollArgs>* ops, Status* out, bool deferDeviceLaunch) {
+  runner_.post([this, ops, out, deferDeviceLaunch] {
+    *out = run(ops->data(), ops->size(), deferDeviceLaunch);
+  });
 }
 
 void Engine::waitAsync() { runner_.wait(); }
 
-Status Engine::run(const CollArgs* ops, size_t nops) {
+Status Engine::run(const CollArgs* ops, size_t nops, bool deferDeviceLaunch) {
   std::lock_guard<std::mutex> lock(mu_);
   Code c = comm_.asyncCode();
   if (c != Code::kOk && c != Code::kInProgress) {
@@ -113,8 +116,13 @@ Status Engine::run(const CollArgs* ops, size_t nops) {
   }
   Status s;
   std::vector<const CollArgs*> p2p;
+  std::vector<CollArgs> onDevice;
   for (size_t i = 0; i < nops; ++i) {
     const CollArgs& op = ops[i];
+    if (op.device) {
+      onDevice.push_back(op);
+      continue;
+    }
     if (op.kind == CollKind::kSend || op.kind == CollKind::kRecv) {
       p2p.push_back(&op);
       continue;
@@ -123,6 +131,11 @@ Status Engine::run(const CollArgs* ops, size_t nops) {
     if (!s.ok()) break;
   }
   if (s.ok() && !p2p.empty()) s = runP2p(p2p);
+  if (s.ok() && !onDevice.empty()) {
+    DeviceEngine& d = comm_.deviceEngine();
+    s = d.prepare(onDevice.data(), onDevice.size());
+    if (s.ok() && !deferDeviceLaunch) s = d.launchPrepared();
+  }
   if (!s.ok()) {
     TUTTI_WARN("%s", s.message().c_str());
     comm_.setAsyncError(s);

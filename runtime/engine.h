@@ -26,11 +26,13 @@ class Engine {
   explicit Engine(Comm& comm);
   ~Engine();
 
-  // One group's operations for this communicator, in the order they were issued.
-  Status run(const CollArgs* ops, size_t n);
+  // One group's operations for this communicator, in the order they were issued. Those on
+  // GPU buffers go to the CUDA engine: prepared, and launched unless deferDeviceLaunch (the
+  // group then launches every communicator's kernels together, see group.cc).
+  Status run(const CollArgs* ops, size_t n, bool deferDeviceLaunch = false);
   Status run(const std::vector<CollArgs>& ops) { return run(ops.data(), ops.size()); }
   // run() on this communicator's runner thread; wait with waitAsync().
-  void runAsync(const std::vector<CollArgs>* ops, Status* out);
+  void runAsync(const std::vector<CollArgs>* ops, Status* out, bool deferDeviceLaunch = false);
   void waitAsync();
 
   int maxChannels() const { return maxChannels_; }

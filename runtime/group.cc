@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "runtime/comm.h"
+#include "runtime/device_engine.h"
 #include "runtime/engine.h"
 
 namespace tutti::group {
@@ -39,19 +40,40 @@ void defer(std::shared_future<Status> work, bool blocking) {
 
 namespace {
 
-// Every communicator's batch at once; the caller's thread takes the first.
+// Every communicator's batch at once; the caller's thread takes the first. Kernels (GPU
+// buffers) are only prepared there; then every communicator's kernels are launched in
+// phases -- all stream entries recorded, all kernels launched, all caller streams made to
+// wait -- so that ranks sharing a GPU and a stream never queue one kernel behind another that
+// waits for it.
 Status runBatches(std::vector<Batch>& batches) {
   if (batches.size() == 1) return batches[0].comm->engine().run(batches[0].ops);
   std::vector<Status> results(batches.size());
   for (size_t i = 1; i < batches.size(); ++i) {
-    batches[i].comm->engine().runAsync(&batches[i].ops, &results[i]);
+    batches[i].comm->engine().runAsync(&batches[i].ops, &results[i], true);
   }
-  results[0] = batches[0].comm->engine().run(batches[0].ops);
+  results[0] = batches[0].comm->engine().run(batches[0].ops.data(), batches[0].ops.size(), true);
   for (size_t i = 1; i < batches.size(); ++i) batches[i].comm->engine().waitAsync();
+  Status first;
   for (const Status& s : results) {
-    if (!s.ok()) return s;
+    if (first.ok() && !s.ok()) first = s;
   }
-  return Status::Ok();
+  std::vector<DeviceEngine*> dev;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    bool any = false;
+    for (const CollArgs& op : batches[i].ops) any |= op.device;
+    if (any && results[i].ok()) dev.push_back(&batches[i].comm->deviceEngine());
+  }
+  for (Status (DeviceEngine::*phase)() : {&DeviceEngine::enter, &DeviceEngine::launch}) {
+    for (DeviceEngine* d : dev) {
+      Status s = first.ok() ? (d->*phase)() : Status::Ok();
+      if (first.ok() && !s.ok()) first = s;
+    }
+  }
+  for (DeviceEngine* d : dev) {
+    Status s = d->leave();  // also drops what a failure left unlaunched
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
 }
 
 }  // namespace

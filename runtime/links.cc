@@ -11,6 +11,7 @@ namespace {
 
 // Bootstrap tags for link setup: one per (channel, direction of the link), unique per pair.
 constexpr uint32_t kLinkTag = 0x4c000000u;
+constexpr uint32_t kDeviceLinkTag = 0x4d000000u;
 
 // NCCL_BUFFSIZE is the whole FIFO (kSteps slots), for every transport when it is set. By
 // default shared memory uses 1 MiB, not NCCL's 4 MiB: its slots are copied by CPU cores, for
@@ -24,9 +25,11 @@ size_t slotBytesFromEnv(int64_t fallback) {
 
 }  // namespace
 
-Links::Links(Comm& comm)
+// Device FIFOs use NCCL's 4 MiB: kernels copy whole slots with many threads at once.
+Links::Links(Comm& comm, Kind kind)
     : comm_(comm),
-      slotBytes_(slotBytesFromEnv(1 << 20)),
+      kind_(kind),
+      slotBytes_(slotBytesFromEnv(kind == Kind::kDevice ? 4 << 20 : 1 << 20)),
       netSlotBytes_(slotBytesFromEnv(4 << 20)),
       shmDisabled_(env::getBool("NCCL_SHM_DISABLE", false)),
       netName_(env::getString("NCCL_NET").value_or("Socket")) {}
@@ -37,11 +40,13 @@ Links::~Links() {
   if (net_) net_->shutdown();  // stop the proxy before the connections it drives are freed
   if (shm_) shm_->shutdown();
   conns_.clear();
+  p2p_.reset();
 }
 
 bool Links::usesNet(int peer) const { return netBetween(comm_.rank(), peer); }
 
 bool Links::netBetween(int a, int b) const {
+  if (kind_ == Kind::kDevice) return false;  // device links are all on one host
   return shmDisabled_ || comm_.peers()[static_cast<size_t>(a)].hostHash !=
                              comm_.peers()[static_cast<size_t>(b)].hostHash;
 }
@@ -62,6 +67,18 @@ size_t Links::ringSlotBytes() const {
 Result<transport::Transport*> Links::transportFor(int peer) {
   const PeerInfo& me = comm_.peers()[static_cast<size_t>(comm_.rank())];
   const PeerInfo& p = comm_.peers()[static_cast<size_t>(peer)];
+  if (kind_ == Kind::kDevice) {
+#ifdef TUTTI_HAVE_CUDA
+    if (!p2p_) p2p_ = transport::makeP2pTransport(comm_);
+    if (p2p_->canConnect(me, p)) return p2p_.get();
+#endif
+    return invalidUsage(
+        "rank " + std::to_string(comm_.rank()) + " and rank " + std::to_string(peer) +
+        (me.hostHash != p.hostHash
+             ? " are on different hosts: GPU buffers between hosts need a GPU-capable network "
+               "transport, which this tutti build does not have yet (use host buffers)"
+             : ": GPU buffers need both ranks on a GPU (one of them is a CPU rank)"));
+  }
   if (!shmDisabled_) {
     if (!shm_) shm_ = transport::makeShmTransport(comm_);
     if (shm_->canConnect(me, p)) return shm_.get();
@@ -89,7 +106,8 @@ Status Links::ensure(const std::vector<LinkNeed>& needs) {
   }
   if (todo.empty()) return Status::Ok();
   Bootstrap* b = comm_.bootstrap();
-  auto tagOf = [](int channel) { return kLinkTag | static_cast<uint32_t>(channel); };
+  const uint32_t tagBase = kind_ == Kind::kDevice ? kDeviceLinkTag : kLinkTag;
+  auto tagOf = [&](int channel) { return tagBase | static_cast<uint32_t>(channel); };
   std::vector<std::pair<LinkNeed, transport::Transport*>> recvs, sends;
   for (const LinkNeed& n : todo) {
     TUTTI_ASSIGN(t, transportFor(n.peer));

@@ -29,7 +29,10 @@ struct LinkNeed {
 
 class Links {
  public:
-  explicit Links(Comm& comm);
+  // kHost: FIFOs the CPU engine uses (shm, tcp). kDevice: FIFOs device kernels use (p2p:
+  // GPU memory or mapped host memory), for operations on GPU buffers.
+  enum class Kind { kHost, kDevice };
+  explicit Links(Comm& comm, Kind kind = Kind::kHost);
   ~Links();
 
   // Makes every link in `needs` that does not exist yet. Every rank at the other end of a
@@ -51,10 +54,11 @@ class Links {
 
  private:
   Comm& comm_;
+  Kind kind_;
   size_t slotBytes_, netSlotBytes_;
   bool shmDisabled_;
   std::string netName_;
-  std::unique_ptr<transport::Transport> shm_, net_;
+  std::unique_ptr<transport::Transport> shm_, net_, p2p_;
   std::mutex mu_;
   std::map<LinkNeed, std::unique_ptr<transport::Connection>> conns_;
 };

@@ -54,6 +54,12 @@ struct FifoView {
   int peer = -1;
   int channel = 0;
   Connection* conn = nullptr;
+  // p2p (GPU ranks): the LL slots after the Simple ones, and whether ctrl and the slots are
+  // device addresses (kernels use them; host code must not).
+  char* ll = nullptr;
+  size_t llSlotBytes = 0;
+  bool deviceMemory = false;
+  uint64_t* ownStep = nullptr;  // sender: its step, in its own GPU memory (dev::DevConn::step)
 
   char* slot(uint64_t s) const { return slots + (s % kSteps) * slotBytes; }
 };
@@ -147,5 +153,7 @@ class Transport {
 // The registry: transports are tried in this order for each pair of ranks.
 std::unique_ptr<Transport> makeShmTransport(Comm& comm);
 std::unique_ptr<Transport> makeTcpTransport(Comm& comm);
+// GPU ranks on one host (device kernels' FIFOs); only in builds with CUDA.
+std::unique_ptr<Transport> makeP2pTransport(Comm& comm);
 
 }  // namespace tutti::transport

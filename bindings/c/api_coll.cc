@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "bindings/c/api_common.h"
+#include "kernels/cuda/kernel_table.h"
 #include "runtime/cuda_shim.h"
 #include "runtime/group.h"
 
@@ -38,6 +39,7 @@ struct Call {
   int op;    // kNone: not a reduction
   int root;  // root or peer; kNone: neither
   ncclComm_t comm;
+  cudaStream_t stream;
 };
 
 bool scalesWithRanks(Kind k) {
@@ -46,7 +48,7 @@ bool scalesWithRanks(Kind k) {
 }
 
 // comm is pinned by the caller.
-Status validate(const Call& c, Comm* comm, RedOpSpec* red) {
+Status validate(const Call& c, Comm* comm, RedOpSpec* red, bool* device) {
   // Pinned, so live: only its state is left to check (api::lookup without the registry).
   if (comm->state() != Comm::State::kReady) {
     TUTTI_ASSIGN(ready, api::lookup(comm, api::Need::kReady));
@@ -86,14 +88,31 @@ Status validate(const Call& c, Comm* comm, RedOpSpec* red) {
     // Only the root's receive buffer matters for Reduce / Gather, only its send for Scatter.
     if ((c.kind == Kind::kReduce || c.kind == Kind::kGather) && comm->rank() != c.root)
       needRecv = false;
-    if (c.kind == Kind::kScatter && comm->rank() != c.root) needSend = false;
+    // Broadcast and Scatter read the send buffer on the root only.
+    if ((c.kind == Kind::kScatter || c.kind == Kind::kBroadcast) && comm->rank() != c.root)
+      needSend = false;
     if (needSend && !c.send) return invalidArgument("sendbuff is NULL with count > 0");
     if (needRecv && !c.recv) return invalidArgument("recvbuff is NULL with count > 0");
-    for (const void* p : {c.send, static_cast<const void*>(c.recv)}) {
-      if (p && cuda::isDevicePointer(p)) {
+    // Host buffers run on the CPU engine, GPU buffers as kernels; never one of each.
+    const bool sendDev = needSend && cuda::isDevicePointer(c.send);
+    const bool recvDev = needRecv && cuda::isDevicePointer(c.recv);
+    if (needSend && needRecv && sendDev != recvDev) {
+      return invalidUsage(std::string(sendDev ? "sendbuff" : "recvbuff") + " is GPU memory but " +
+                          (sendDev ? "recvbuff" : "sendbuff") +
+                          " is host memory: both must be of one kind");
+    }
+    *device = sendDev || recvDev;
+    if (*device && comm->cudaDev() < 0) {
+      return invalidUsage("GPU buffers on rank " + std::to_string(comm->rank()) +
+                          ", a CPU rank (its communicator has no CUDA device)");
+    }
+    for (const void* p : {needSend ? c.send : nullptr, needRecv ? c.recv : nullptr}) {
+      const int d = *device && p ? cuda::pointerDevice(p) : -1;
+      if (d >= 0 && d != comm->cudaDev()) {
         return invalidUsage("buffer " + std::to_string(reinterpret_cast<uintptr_t>(p)) +
-                            " is GPU memory; tutti 0.1.0 runs collectives on host buffers only "
-                            "(the GPU data path is not built yet)");
+                            " is memory of GPU " + std::to_string(d) + " but rank " +
+                            std::to_string(comm->rank()) + "'s communicator is on GPU " +
+                            std::to_string(comm->cudaDev()));
       }
     }
   }
@@ -101,21 +120,35 @@ Status validate(const Call& c, Comm* comm, RedOpSpec* red) {
     TUTTI_ASSIGN(spec, comm->resolveOp(c.op, c.dtype));
     *red = spec;
   }
+  if (*device && c.op != kNone && !dev::kernelFor(c.dtype, red->fn, 0)) {
+    return invalidUsage(
+        "this tutti build has no device kernel for " + std::string(api::typeName(c.dtype)) +
+        " (kernels built for: " + dev::builtKernelTypes() + "; see TUTTI_KERNEL_FILTER)");
+  }
   return Status::Ok();
 }
 
 CollArgs argsFor(const Call& c, Kind kind, const void* send, void* recv, int root,
-                 const RedOpSpec& red) {
+                 const RedOpSpec& red, bool device) {
   static const CollKind kMap[] = {
       CollKind::kAllReduce, CollKind::kAllGather, CollKind::kReduceScatter, CollKind::kBroadcast,
       CollKind::kReduce,    CollKind::kSend,      CollKind::kSend,          CollKind::kSend,
       CollKind::kSend,      CollKind::kRecv};
-  return CollArgs{kMap[static_cast<int>(kind)], c.fn, send, recv, c.count, c.dtype,
-                  c.op == kNone ? -1 : c.op,    red,  root};
+  return CollArgs{kMap[static_cast<int>(kind)],
+                  c.fn,
+                  send,
+                  recv,
+                  c.count,
+                  c.dtype,
+                  c.op == kNone ? -1 : c.op,
+                  red,
+                  root,
+                  static_cast<void*>(c.stream),
+                  device};
 }
 
 // AlltoAll, Gather and Scatter as the sends and receives they are made of.
-std::vector<CollArgs> expand(const Call& c, Comm* comm, const RedOpSpec& red) {
+std::vector<CollArgs> expand(const Call& c, Comm* comm, const RedOpSpec& red, bool device) {
   std::vector<CollArgs> ops;
   const int n = comm->nranks(), me = comm->rank();
   const size_t block = c.count * api::typeSize(c.dtype);
@@ -125,26 +158,27 @@ std::vector<CollArgs> expand(const Call& c, Comm* comm, const RedOpSpec& red) {
   switch (c.kind) {
     case Kind::kAlltoAll:
       for (int r = 0; r < n; ++r) {
-        ops.push_back(argsFor(c, Kind::kSend, at(c.send, r), nullptr, r, red));
-        ops.push_back(argsFor(c, Kind::kRecv, nullptr, at(c.recv, r), r, red));
+        ops.push_back(argsFor(c, Kind::kSend, at(c.send, r), nullptr, r, red, device));
+        ops.push_back(argsFor(c, Kind::kRecv, nullptr, at(c.recv, r), r, red, device));
       }
       break;
     case Kind::kGather:
-      ops.push_back(argsFor(c, Kind::kSend, c.send, nullptr, c.root, red));
+      ops.push_back(argsFor(c, Kind::kSend, c.send, nullptr, c.root, red, device));
       if (me == c.root) {
         for (int r = 0; r < n; ++r)
-          ops.push_back(argsFor(c, Kind::kRecv, nullptr, at(c.recv, r), r, red));
+          ops.push_back(argsFor(c, Kind::kRecv, nullptr, at(c.recv, r), r, red, device));
       }
       break;
     case Kind::kScatter:
       if (me == c.root) {
         for (int r = 0; r < n; ++r)
-          ops.push_back(argsFor(c, Kind::kSend, at(c.send, r), nullptr, r, red));
+          ops.push_back(argsFor(c, Kind::kSend, at(c.send, r), nullptr, r, red, device));
       }
-      ops.push_back(argsFor(c, Kind::kRecv, nullptr, const_cast<void*>(c.recv), c.root, red));
+      ops.push_back(
+          argsFor(c, Kind::kRecv, nullptr, const_cast<void*>(c.recv), c.root, red, device));
       break;
     default:
-      ops.push_back(argsFor(c, c.kind, c.send, const_cast<void*>(c.recv), c.root, red));
+      ops.push_back(argsFor(c, c.kind, c.send, const_cast<void*>(c.recv), c.root, red, device));
   }
   return ops;
 }
@@ -157,16 +191,17 @@ ncclResult_t enqueue(const Call& c) {
                 why.ok() ? invalidArgument("comm was destroyed during the call") : why.status());
   }
   RedOpSpec red;
-  if (Status s = validate(c, comm, &red); !s.ok()) {
+  bool device = false;
+  if (Status s = validate(c, comm, &red, &device); !s.ok()) {
     comm->unpin();
     return fail(c.fn, s);
   }
   Status s;
   if (c.kind == Kind::kAlltoAll || c.kind == Kind::kGather || c.kind == Kind::kScatter) {
-    std::vector<CollArgs> ops = expand(c, comm, red);
+    std::vector<CollArgs> ops = expand(c, comm, red, device);
     s = group::submit(comm, ops.data(), ops.size());
   } else {  // the common case: one operation, no allocation
-    CollArgs op = argsFor(c, c.kind, c.send, const_cast<void*>(c.recv), c.root, red);
+    CollArgs op = argsFor(c, c.kind, c.send, const_cast<void*>(c.recv), c.root, red, device);
     s = group::submit(comm, &op, 1);
   }
   if (!s.ok()) return fail(c.fn, s);
@@ -176,56 +211,57 @@ ncclResult_t enqueue(const Call& c) {
 }  // namespace
 
 TUTTI_API ncclResult_t ncclAllReduce(const void* s, void* r, size_t count, ncclDataType_t t,
-                                     ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
-  return enqueue({"ncclAllReduce", Kind::kAllReduce, s, r, count, t, op, kNone, comm});
+                                     ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return enqueue({"ncclAllReduce", Kind::kAllReduce, s, r, count, t, op, kNone, comm, stream});
 }
 
 TUTTI_API ncclResult_t ncclAllGather(const void* s, void* r, size_t count, ncclDataType_t t,
-                                     ncclComm_t comm, cudaStream_t) {
-  return enqueue({"ncclAllGather", Kind::kAllGather, s, r, count, t, kNone, kNone, comm});
+                                     ncclComm_t comm, cudaStream_t stream) {
+  return enqueue({"ncclAllGather", Kind::kAllGather, s, r, count, t, kNone, kNone, comm, stream});
 }
 
 TUTTI_API ncclResult_t ncclReduceScatter(const void* s, void* r, size_t count, ncclDataType_t t,
-                                         ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
-  return enqueue({"ncclReduceScatter", Kind::kReduceScatter, s, r, count, t, op, kNone, comm});
+                                         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return enqueue(
+      {"ncclReduceScatter", Kind::kReduceScatter, s, r, count, t, op, kNone, comm, stream});
 }
 
 TUTTI_API ncclResult_t ncclBroadcast(const void* s, void* r, size_t count, ncclDataType_t t,
-                                     int root, ncclComm_t comm, cudaStream_t) {
-  return enqueue({"ncclBroadcast", Kind::kBroadcast, s, r, count, t, kNone, root, comm});
+                                     int root, ncclComm_t comm, cudaStream_t stream) {
+  return enqueue({"ncclBroadcast", Kind::kBroadcast, s, r, count, t, kNone, root, comm, stream});
 }
 
 TUTTI_API ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t t, int root,
-                                 ncclComm_t comm, cudaStream_t) {
-  return enqueue({"ncclBcast", Kind::kBroadcast, buff, buff, count, t, kNone, root, comm});
+                                 ncclComm_t comm, cudaStream_t stream) {
+  return enqueue({"ncclBcast", Kind::kBroadcast, buff, buff, count, t, kNone, root, comm, stream});
 }
 
 TUTTI_API ncclResult_t ncclReduce(const void* s, void* r, size_t count, ncclDataType_t t,
-                                  ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t) {
-  return enqueue({"ncclReduce", Kind::kReduce, s, r, count, t, op, root, comm});
+                                  ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  return enqueue({"ncclReduce", Kind::kReduce, s, r, count, t, op, root, comm, stream});
 }
 
 TUTTI_API ncclResult_t ncclAlltoAll(const void* s, void* r, size_t count, ncclDataType_t t,
-                                    ncclComm_t comm, cudaStream_t) {
-  return enqueue({"ncclAlltoAll", Kind::kAlltoAll, s, r, count, t, kNone, kNone, comm});
+                                    ncclComm_t comm, cudaStream_t stream) {
+  return enqueue({"ncclAlltoAll", Kind::kAlltoAll, s, r, count, t, kNone, kNone, comm, stream});
 }
 
 TUTTI_API ncclResult_t ncclGather(const void* s, void* r, size_t count, ncclDataType_t t, int root,
-                                  ncclComm_t comm, cudaStream_t) {
-  return enqueue({"ncclGather", Kind::kGather, s, r, count, t, kNone, root, comm});
+                                  ncclComm_t comm, cudaStream_t stream) {
+  return enqueue({"ncclGather", Kind::kGather, s, r, count, t, kNone, root, comm, stream});
 }
 
 TUTTI_API ncclResult_t ncclScatter(const void* s, void* r, size_t count, ncclDataType_t t, int root,
-                                   ncclComm_t comm, cudaStream_t) {
-  return enqueue({"ncclScatter", Kind::kScatter, s, r, count, t, kNone, root, comm});
+                                   ncclComm_t comm, cudaStream_t stream) {
+  return enqueue({"ncclScatter", Kind::kScatter, s, r, count, t, kNone, root, comm, stream});
 }
 
 TUTTI_API ncclResult_t ncclSend(const void* s, size_t count, ncclDataType_t t, int peer,
-                                ncclComm_t comm, cudaStream_t) {
-  return enqueue({"ncclSend", Kind::kSend, s, nullptr, count, t, kNone, peer, comm});
+                                ncclComm_t comm, cudaStream_t stream) {
+  return enqueue({"ncclSend", Kind::kSend, s, nullptr, count, t, kNone, peer, comm, stream});
 }
 
 TUTTI_API ncclResult_t ncclRecv(void* r, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
-                                cudaStream_t) {
-  return enqueue({"ncclRecv", Kind::kRecv, nullptr, r, count, t, kNone, peer, comm});
+                                cudaStream_t stream) {
+  return enqueue({"ncclRecv", Kind::kRecv, nullptr, r, count, t, kNone, peer, comm, stream});
 }

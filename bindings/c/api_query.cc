@@ -40,6 +40,7 @@ TUTTI_API const char* ncclGetLastError(ncclComm_t comm) {
   // caller passing that communicator is asking about; otherwise this thread's last error.
   if (comm && registry::contains(comm)) {
     static thread_local std::string async;
+    reinterpret_cast<Comm*>(comm)->pollDeviceErrors();
     async = reinterpret_cast<Comm*>(comm)->asyncMessage();
     if (!async.empty()) return async.c_str();
   }
@@ -50,6 +51,7 @@ TUTTI_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
   if (!asyncError) return fail("ncclCommGetAsyncError", invalidArgument("asyncError is NULL"));
   Result<Comm*> c = api::lookup(comm, api::Need::kAny);
   if (!c.ok()) return fail("ncclCommGetAsyncError", c.status());
+  c.value()->pollDeviceErrors();
   *asyncError = static_cast<ncclResult_t>(c.value()->asyncCode());
   return ncclSuccess;
 }

@@ -132,3 +132,23 @@ TEST(RecursiveDoubling, EveryRankGetsTheSameBitsAndAlgorithmsAgree) {
 }
 
 }  // namespace
+
+namespace {
+
+// NCCL reads Broadcast's send buffer on the root only: other ranks may pass NULL.
+TEST(Broadcast, NonRootRanksMayPassNullSendbuff) {
+  std::vector<ncclComm_t> comms = initThreads(3);
+  std::vector<std::vector<int32_t>> out(3, std::vector<int32_t>(1000, -1));
+  std::vector<int32_t> in(1000);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = int32_t(7 * i + 1);
+  onThreads(3, [&](int r) {
+    EXPECT_EQ(ncclBroadcast(r == 1 ? in.data() : nullptr, out[size_t(r)].data(), in.size(),
+                            ncclInt32, 1, comms[size_t(r)], nullptr),
+              ncclSuccess)
+        << ncclGetLastError(comms[size_t(r)]);
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(out[size_t(r)], in) << "rank " << r;
+  destroyAll(comms);
+}
+
+}  // namespace

@@ -7,12 +7,57 @@
 #include <sstream>
 
 #include "kernels/cpu/types.h"
+#ifdef TUTTI_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include "runtime/dtype.h"
 
 namespace tutti::test {
 namespace {
 
 constexpr uint8_t kPoison = 0xA5;
+
+// GPU copies of a case's buffers (Memory::kDevice).
+struct DeviceBuffers {
+  uint8_t* send = nullptr;
+  uint8_t* recv = nullptr;
+  void* scalar = nullptr;
+#ifdef TUTTI_HAVE_CUDA
+  ~DeviceBuffers() {
+    cudaFree(send);
+    cudaFree(recv);
+    cudaFree(scalar);
+  }
+  static std::string err(const char* what, cudaError_t e) {
+    return e == cudaSuccess ? "" : std::string(what) + ": " + cudaGetErrorString(e);
+  }
+  std::string make(const uint8_t* s, size_t sBytes, const uint8_t* r, size_t rBytes) {
+    std::string e = err("cudaMalloc", cudaMalloc(reinterpret_cast<void**>(&send), sBytes));
+    if (e.empty()) e = err("cudaMalloc", cudaMalloc(reinterpret_cast<void**>(&recv), rBytes));
+    if (e.empty()) e = err("cudaMemcpy", cudaMemcpy(send, s, sBytes, cudaMemcpyHostToDevice));
+    if (e.empty()) e = err("cudaMemcpy", cudaMemcpy(recv, r, rBytes, cudaMemcpyHostToDevice));
+    return e;
+  }
+  std::string makeScalar(const uint8_t* v) {
+    std::string e = err("cudaMalloc", cudaMalloc(&scalar, 8));
+    if (e.empty()) e = err("cudaMemcpy", cudaMemcpy(scalar, v, 8, cudaMemcpyHostToDevice));
+    return e;
+  }
+  // Waits for the operation on its stream and brings the receive buffer back.
+  std::string finish(void* stream, uint8_t* r, size_t rBytes) {
+    std::string e =
+        err("cudaStreamSynchronize", cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+    if (e.empty()) e = err("cudaMemcpy", cudaMemcpy(r, recv, rBytes, cudaMemcpyDeviceToHost));
+    return e;
+  }
+#else
+  std::string make(const uint8_t*, size_t, const uint8_t*, size_t) {
+    return "this build has no CUDA";
+  }
+  std::string makeScalar(const uint8_t*) { return "this build has no CUDA"; }
+  std::string finish(void*, uint8_t*, size_t) { return "this build has no CUDA"; }
+#endif
+};
 
 bool isFloat(int t) {
   return t == ncclFloat16 || t == ncclFloat32 || t == ncclFloat64 || t == ncclBfloat16 ||
@@ -367,7 +412,10 @@ std::vector<Case> matrixCases(int nranks, size_t fifoBytes) {
   return cases;
 }
 
-std::string runCase(ncclComm_t comm, int rank, int n, const Case& c) {
+namespace {
+
+std::string runCaseImpl(ncclComm_t comm, int rank, int n, const Case& c, Memory mem, void* stream,
+                        const CallFn* custom) {
   const size_t es = sizeOf(c.dtype), count = c.count, un = size_t(n);
   size_t sendElems = count, recvElems = count;
   switch (c.coll) {
@@ -400,15 +448,44 @@ std::string runCase(ncclComm_t comm, int rank, int n, const Case& c) {
     if (c.coll == TestColl::kReduceScatter) recv = send + size_t(rank) * count * es;
   }
   for (size_t j = 0; j < sendElems; ++j) store(c.dtype, inputValue(c, rank, j), send + j * es);
+  // GPU memory: the same two allocations, same contents, same offsets; the call gets the
+  // device addresses and the results come back into recvMem to be checked.
+  const size_t sendBytes = sendElems * es + 1;
+  const size_t recvBytes = std::max(recvElems, sendElems) * es + 1;
+  DeviceBuffers dev;
+  uint8_t* callSend = send;
+  uint8_t* callRecv = recv;
+  if (mem == Memory::kDevice) {
+    std::string err = dev.make(sendMem.get(), sendBytes, recvMem.get(), recvBytes);
+    if (!err.empty()) return c.name() + ": " + err;
+    auto at = [&](uint8_t* p) {
+      if (p >= recvMem.get() && p < recvMem.get() + recvBytes)
+        return dev.recv + (p - recvMem.get());
+      return dev.send + (p - sendMem.get());
+    };
+    callSend = at(send);
+    callRecv = at(recv);
+  }
 
   ncclRedOp_t op = ncclSum;
   std::unique_ptr<uint8_t[]> scalar(new uint8_t[8]);
-  if (isReduction(c.coll)) {
+  if (custom) {  // the caller's own engine does the operation
+    if (isReduction(c.coll) && (c.op == kPreMulHost || c.op == kPreMulDevice))
+      store(c.dtype, preScalar(c), scalar.get());
+    std::string err = (*custom)(callSend, callRecv, scalar.get());
+    if (!err.empty()) return c.name() + ": rank " + std::to_string(rank) + ": " + err;
+  } else if (isReduction(c.coll)) {
     op = static_cast<ncclRedOp_t>(c.op);
     if (c.op == kPreMulHost || c.op == kPreMulDevice) {
       store(c.dtype, preScalar(c), scalar.get());
+      void* where = scalar.get();
+      if (mem == Memory::kDevice && c.op == kPreMulDevice) {
+        std::string err = dev.makeScalar(scalar.get());
+        if (!err.empty()) return c.name() + ": " + err;
+        where = dev.scalar;
+      }
       ncclResult_t r = ncclRedOpCreatePreMulSum(
-          &op, scalar.get(), static_cast<ncclDataType_t>(c.dtype),
+          &op, where, static_cast<ncclDataType_t>(c.dtype),
           c.op == kPreMulHost ? ncclScalarHostImmediate : ncclScalarDevice, comm);
       if (r != ncclSuccess)
         return c.name() + ": ncclRedOpCreatePreMulSum: " + ncclGetLastError(comm);
@@ -417,38 +494,43 @@ std::string runCase(ncclComm_t comm, int rank, int n, const Case& c) {
     }
   }
   auto dt = static_cast<ncclDataType_t>(c.dtype);
+  auto st = static_cast<cudaStream_t>(stream);
   ncclResult_t r = ncclSuccess;
-  switch (c.coll) {
+  switch (custom ? TestColl(-1) : c.coll) {
     case TestColl::kAllReduce:
-      r = ncclAllReduce(send, recv, count, dt, op, comm, nullptr);
+      r = ncclAllReduce(callSend, callRecv, count, dt, op, comm, st);
       break;
     case TestColl::kAllGather:
-      r = ncclAllGather(send, recv, count, dt, comm, nullptr);
+      r = ncclAllGather(callSend, callRecv, count, dt, comm, st);
       break;
     case TestColl::kReduceScatter:
-      r = ncclReduceScatter(send, recv, count, dt, op, comm, nullptr);
+      r = ncclReduceScatter(callSend, callRecv, count, dt, op, comm, st);
       break;
     case TestColl::kBroadcast:
-      r = ncclBroadcast(send, recv, count, dt, c.root, comm, nullptr);
+      r = ncclBroadcast(callSend, callRecv, count, dt, c.root, comm, st);
       break;
     case TestColl::kReduce:
-      r = ncclReduce(send, recv, count, dt, op, c.root, comm, nullptr);
+      r = ncclReduce(callSend, callRecv, count, dt, op, c.root, comm, st);
       break;
     case TestColl::kAlltoAll:
-      r = ncclAlltoAll(send, recv, count, dt, comm, nullptr);
+      r = ncclAlltoAll(callSend, callRecv, count, dt, comm, st);
       break;
     case TestColl::kGather:
-      r = ncclGather(send, recv, count, dt, c.root, comm, nullptr);
+      r = ncclGather(callSend, callRecv, count, dt, c.root, comm, st);
       break;
     case TestColl::kScatter:
-      r = ncclScatter(send, recv, count, dt, c.root, comm, nullptr);
+      r = ncclScatter(callSend, callRecv, count, dt, c.root, comm, st);
       break;
     case TestColl::kSendRecv:
       ncclGroupStart();
-      ncclSend(send, count, dt, (rank + 1) % n, comm, nullptr);
-      ncclRecv(recv, count, dt, (rank + n - 1) % n, comm, nullptr);
+      ncclSend(callSend, count, dt, (rank + 1) % n, comm, st);
+      ncclRecv(callRecv, count, dt, (rank + n - 1) % n, comm, st);
       r = ncclGroupEnd();
       break;
+  }
+  if (r == ncclSuccess && mem == Memory::kDevice) {
+    std::string err = dev.finish(stream, recvMem.get(), recvBytes);
+    if (!err.empty()) return c.name() + ": rank " + std::to_string(rank) + ": " + err;
   }
   if (op >= ncclNumOps) ncclRedOpDestroy(op, comm);
   if (r != ncclSuccess) {
@@ -508,11 +590,22 @@ std::string runCase(ncclComm_t comm, int rank, int n, const Case& c) {
   return "";
 }
 
+}  // namespace
+
+std::string runCase(ncclComm_t comm, int rank, int n, const Case& c, Memory mem, void* stream) {
+  return runCaseImpl(comm, rank, n, c, mem, stream, nullptr);
+}
+
+std::string runCaseWith(int rank, int nranks, const Case& c, const CallFn& call) {
+  return runCaseImpl(nullptr, rank, nranks, c, Memory::kHost, nullptr, &call);
+}
+
 std::vector<std::string> runCases(ncclComm_t comm, int rank, int nranks,
-                                  const std::vector<Case>& cases, size_t maxReport) {
+                                  const std::vector<Case>& cases, size_t maxReport, Memory mem,
+                                  void* stream) {
   std::vector<std::string> bad;
   for (const Case& c : cases) {
-    std::string why = runCase(comm, rank, nranks, c);
+    std::string why = runCase(comm, rank, nranks, c, mem, stream);
     if (!why.empty() && bad.size() < maxReport) bad.push_back(why);
   }
   return bad;

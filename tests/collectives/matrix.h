@@ -7,6 +7,7 @@
 // every call, so a result that was never written cannot pass.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,10 +49,24 @@ std::vector<size_t> matrixCounts(size_t fifoBytes);
 // op, every collective with every count and in-place mode, every root.
 std::vector<Case> matrixCases(int nranks, size_t fifoBytes);
 
+// Where a case's buffers live. kDevice: the same buffers, poisoned the same way, copied to
+// GPU memory, run on `stream` (a cudaStream_t), and copied back to be checked.
+enum class Memory { kHost, kDevice };
+
 // Runs one case on this rank; "" when the output is right, else what is wrong.
-std::string runCase(ncclComm_t comm, int rank, int nranks, const Case& c);
+std::string runCase(ncclComm_t comm, int rank, int nranks, const Case& c,
+                    Memory mem = Memory::kHost, void* stream = nullptr);
+// The same with `call` doing the operation on this rank's buffers, laid out as runCase lays
+// them out (a test engine of its own: tests/emu). scalar: the PreMulSum scalar as one element
+// of the case's datatype. Returns "" or what went wrong.
+using CallFn = std::function<std::string(const void* send, void* recv, const uint8_t* scalar)>;
+std::string runCaseWith(int rank, int nranks, const Case& c, const CallFn& call);
+// Whether a case's op is ncclRedOpCreatePreMulSum's (kPreMulHost / kPreMulDevice).
+inline bool isPreMul(int op) { return op == kPreMulHost || op == kPreMulDevice; }
+
 // Runs every case; the failures, at most `maxReport` of them.
 std::vector<std::string> runCases(ncclComm_t comm, int rank, int nranks,
-                                  const std::vector<Case>& cases, size_t maxReport = 10);
+                                  const std::vector<Case>& cases, size_t maxReport = 10,
+                                  Memory mem = Memory::kHost, void* stream = nullptr);
 
 }  // namespace tutti::test

@@ -3,6 +3,7 @@
 //   getid        ncclGetUniqueId + ncclCommInitRank (with NCCL_COMM_ID every rank makes the id)
 //   split        init, then split into even/odd ranks and check the new ranks
 //   coll         init, then run the whole correctness matrix (NCCL_BUFFSIZE sets its counts)
+//   coll-device  the same on GPU buffers, on a stream of this rank's own
 //   loop         init, then AllReduce 4 MiB again and again until one fails (a peer was
 //                killed): prints "survivor: <result>: <message>" and exits 0 when the error
 //                is ncclRemoteError and ncclCommGetAsyncError agrees, else 1
@@ -16,6 +17,9 @@
 #include <vector>
 
 #include "collectives/matrix.h"
+#ifdef TUTTI_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include "runtime/comm.h"
 #include "tutti.h"
 
@@ -73,11 +77,21 @@ int main(int argc, char** argv) {
     if (int rc = checkComm(sub, rank / 2, subSize)) return rc;
     ncclCommDestroy(sub);
   }
-  if (mode == "coll") {
+  if (mode == "coll" || mode == "coll-device") {
     const char* buff = getenv("NCCL_BUFFSIZE");
     size_t fifo = buff ? strtoull(buff, nullptr, 0) : (1u << 20);
-    std::vector<std::string> bad =
-        tutti::test::runCases(comm, rank, size, tutti::test::matrixCases(size, fifo));
+    const bool device = mode == "coll-device";
+    void* stream = nullptr;
+#ifdef TUTTI_HAVE_CUDA
+    if (device && cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(&stream),
+                                            cudaStreamNonBlocking) != cudaSuccess) {
+      fprintf(stderr, "cudaStreamCreate failed\n");
+      return 1;
+    }
+#endif
+    std::vector<std::string> bad = tutti::test::runCases(
+        comm, rank, size, tutti::test::matrixCases(size, fifo), 10,
+        device ? tutti::test::Memory::kDevice : tutti::test::Memory::kHost, stream);
     for (const std::string& b : bad) fprintf(stderr, "%s\n", b.c_str());
     if (!bad.empty()) return 1;
     printf("matrix: %zu cases passed on rank %d\n", tutti::test::matrixCases(size, fifo).size(),

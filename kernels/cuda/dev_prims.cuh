@@ -1,0 +1,473 @@
+// Device primitives: the CUDA engine's implementation of the vocabulary collectives/ring.h is
+// written in (see kernels/cpu/host_prims.h for the CPU twin). One thread block runs one
+// channel; its threads share every slot's work. Two protocols:
+//   Simple -- the block fills a slot with wide stores, thread 0 fences (system scope: the
+//             peer may be another process, or the slot mapped host memory) and publishes tail;
+//             the receiver's thread 0 waits for tail, the block reads the slot, thread 0
+//             publishes head. For bandwidth.
+//   LL     -- 16-byte lines of {4 data bytes, flag, 4 data bytes, flag} written with one
+//             16-byte store; the receiver polls its lines until both flags carry the step.
+//             No fence and no tail round trip, half the payload per byte moved. For latency.
+// After a failure (abort, deadline, size mismatch) every primitive returns at once, so the
+// algorithm code needs no error handling -- as on the CPU.
+#pragma once
+
+#include "kernels/cuda/dev_reduce.cuh"
+
+#if !defined(__CUDACC__)
+#include <sched.h>
+
+#include <chrono>
+#endif
+
+namespace tutti::dev {
+
+#if defined(TUTTI_DEV_EMULATION)
+// CPU emulation (kernels/cuda/dev_emu.h): the same orderings with compiler atomics.
+inline uint64_t ldAcquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline void stRelease(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+inline uint64_t ldVolatile(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+inline void stVolatile(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+inline uint32_t ldFlag(const volatile uint32_t* p) {
+  return __atomic_load_n(const_cast<const uint32_t*>(p), __ATOMIC_ACQUIRE);
+}
+inline void stFlag(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+inline int ldShared(const int* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+inline void stShared(int* p, int v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+inline uint64_t globalTimer() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count());
+}
+// Each 8-byte half of a line is one word {data, flag}: a reader sees a half whole or not at
+// all, as the GPU's single 16-byte store gives.
+inline void storeLine(char* line, uint64_t v, uint32_t flag) {
+  auto* w = reinterpret_cast<uint64_t*>(line);
+  __atomic_store_n(w, uint64_t(uint32_t(v)) | uint64_t(flag) << 32, __ATOMIC_RELAXED);
+  __atomic_store_n(w + 1, (v >> 32) | uint64_t(flag) << 32, __ATOMIC_RELAXED);
+}
+inline bool loadLine(const char* line, uint32_t flag, uint64_t* v) {
+  auto* w = reinterpret_cast<const uint64_t*>(line);
+  const uint64_t a = __atomic_load_n(w, __ATOMIC_RELAXED);
+  const uint64_t b = __atomic_load_n(w + 1, __ATOMIC_RELAXED);
+  *v = (a & 0xffffffffull) | (b << 32);
+  return uint32_t(a >> 32) == flag && uint32_t(b >> 32) == flag;
+}
+// Spinning threads outnumber the cores here: let the one being waited for run.
+inline void spinPause() { sched_yield(); }
+#else
+__device__ __forceinline__ uint64_t ldAcquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void stRelease(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t ldVolatile(const uint64_t* p) {
+  return *reinterpret_cast<const volatile uint64_t*>(p);
+}
+__device__ __forceinline__ void stVolatile(uint64_t* p, uint64_t v) {
+  *reinterpret_cast<volatile uint64_t*>(p) = v;
+}
+__device__ __forceinline__ uint32_t ldFlag(const volatile uint32_t* p) { return *p; }
+__device__ __forceinline__ void stFlag(uint32_t* p, uint32_t v) {
+  *reinterpret_cast<volatile uint32_t*>(p) = v;
+}
+__device__ __forceinline__ int ldShared(const int* p) {
+  return *reinterpret_cast<const volatile int*>(p);
+}
+__device__ __forceinline__ void stShared(int* p, int v) { *reinterpret_cast<volatile int*>(p) = v; }
+__device__ __forceinline__ uint64_t globalTimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void storeLine(char* line, uint64_t v, uint32_t flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(line), "r"(uint32_t(v)),
+               "r"(flag), "r"(uint32_t(v >> 32)), "r"(flag)
+               : "memory");
+}
+// True (and the payload in *v) once both halves of the line carry flag.
+__device__ __forceinline__ bool loadLine(const char* line, uint32_t flag, uint64_t* v) {
+  uint32_t d0, f0, d1, f1;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+               : "l"(line)
+               : "memory");
+  *v = uint64_t(d0) | (uint64_t(d1) << 32);
+  return f0 == flag && f1 == flag;
+}
+__device__ __forceinline__ void spinPause() {}
+#endif
+
+// Per-block state shared by the threads of one channel.
+struct BlockState {
+  uint64_t sendStep, recvStep;
+  int failed;  // a hint for spinning threads to stop early; decisions use barrier votes
+};
+
+constexpr int kSpinsPerCheck = 1 << 10;
+
+// What a wait needs to give up: the launch's abort flag, error record and deadline, and the
+// FIFOs to mark broken so that the peers' kernels stop too.
+struct WaitCtx {
+  const DevWork* w;
+  BlockState* sh;
+  const DevConn* sc;
+  const DevConn* rc;
+  int channel;
+  int kind;
+  uint64_t seq;
+
+  // Called every kSpinsPerCheck spins by a waiting thread; true when the wait must end.
+  // *since: when this wait started (0 before the first call): the deadline is for one wait
+  // without progress, not for the whole kernel.
+  __device__ bool mustStop(const DevConn* c, uint64_t* since) const {
+    if (ldFlag(w->abortFlag)) return fail(kErrAborted, c->peer, 0, 0);
+    if (c->broken && ldFlag(c->broken)) return fail(kErrPeer, c->peer, 0, 0);
+    if (ldFlag(&w->err->code)) return fail(kErrNone, c->peer, 0, 0);  // another block failed
+    if (ldShared(&sh->failed)) return true;
+    const uint64_t now = globalTimer();
+    if (*since == 0) *since = now;
+    if (w->timeoutNs && now - *since > w->timeoutNs) return fail(kErrTimeout, c->peer, 0, 0);
+    return false;
+  }
+  // Records the first failure of the launch (code kErrNone: only stop), marks this block's
+  // FIFOs broken, tells the block's other threads.
+  __device__ bool fail(uint32_t code, int peer, uint64_t got, uint64_t want) const {
+    stShared(&sh->failed, 1);
+    if (sc && sc->broken) stFlag(sc->broken, 1);
+    if (rc && rc->broken) stFlag(rc->broken, 1);
+    if (code != kErrNone && atomicCAS(w->errClaim, 0u, 1u) == 0u) {
+      DevError* e = w->err;
+      e->peer = peer;
+      e->channel = channel;
+      e->kind = kind;
+      e->seq = seq;
+      e->got = got;
+      e->want = want;
+      __threadfence_system();  // the fields before the code that says they are there
+      stFlag(&e->code, code);
+    }
+    return true;
+  }
+};
+
+// Copies / combines n elements with the block's threads: 16-byte packs where every pointer
+// allows, element by element for the rest. d1 may be null (one destination).
+template <int M, typename T, int F>
+__device__ void blockApply(const Red<T, F>& r, T* d0, T* d1, const T* a, const T* b, size_t n) {
+  constexpr int kPer = 16 / sizeof(T);
+  const uintptr_t mis = (reinterpret_cast<uintptr_t>(d0) | reinterpret_cast<uintptr_t>(d1) |
+                         reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) &
+                        15;
+  size_t done = 0;
+  if (mis == 0) {
+    const size_t packs = n / kPer;
+    const uint4* pa = reinterpret_cast<const uint4*>(a);
+    const uint4* pb = reinterpret_cast<const uint4*>(b);
+    for (size_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      uint4 va = pa[i];
+      uint4 vb = (M == kOpReduce || M == kOpReducePost) ? pb[i] : va;
+      uint4 v = computePack<M>(r, va, vb);
+      reinterpret_cast<uint4*>(d0)[i] = v;
+      if (d1) reinterpret_cast<uint4*>(d1)[i] = v;
+    }
+    done = packs * kPer;
+  }
+  for (size_t i = done + threadIdx.x; i < n; i += blockDim.x) {
+    T vb = (M == kOpReduce || M == kOpReducePost) ? b[i] : a[i];
+    T v = compute<M>(r, a[i], vb);
+    d0[i] = v;
+    if (d1) d1[i] = v;
+  }
+}
+
+// The part of the primitives both protocols share: the two links, the buffers, the waits.
+// failed_ is the same in every thread of the block: it only changes through barrier votes
+// (__syncthreads_or), so all threads skip the same primitives and meet at the same barriers.
+template <typename T, int F>
+struct PrimsBase {
+  const DevConn* sc;  // send to (null: this block never sends)
+  const DevConn* rc;  // receive from
+  const T* in;
+  T* out;
+  Red<T, F> red;
+  WaitCtx ctx;
+  bool failed_ = false;
+
+  __device__ bool failed() const { return failed_; }
+  // Every thread's verdict, combined at a barrier.
+  __device__ bool vote(bool stop) {
+    failed_ = __syncthreads_or(stop ? 1 : 0) != 0;
+    return !failed_;
+  }
+
+  // Thread 0 waits until the send slot is free; every thread learns whether to go on.
+  __device__ bool waitSendSlot() {
+    bool stop = false;
+    if (threadIdx.x == 0) {
+      const uint64_t step = ctx.sh->sendStep;
+      uint64_t since = 0;
+      int spins = 0;
+      while (ldAcquire(sc->head) + kSteps <= step) {
+        spinPause();
+        if (++spins == kSpinsPerCheck) {
+          spins = 0;
+          if ((stop = ctx.mustStop(sc, &since))) break;
+        }
+      }
+    }
+    return vote(stop);
+  }
+  __device__ char* sendSlot(bool ll) const {
+    const uint64_t k = ctx.sh->sendStep % kSteps;
+    return ll ? sc->ll + k * sc->llSlotBytes : sc->slots + k * sc->slotBytes;
+  }
+  __device__ char* recvSlot(bool ll) const {
+    const uint64_t k = ctx.sh->recvStep % kSteps;
+    return ll ? rc->ll + k * rc->llSlotBytes : rc->slots + k * rc->slotBytes;
+  }
+  // After every thread is done with the received slot (stop: this thread gave up on it):
+  // free it for the sender.
+  __device__ void releaseRecv(bool stop) {
+    if (!vote(stop)) return;
+    if (threadIdx.x == 0) {
+      stRelease(rc->head, ctx.sh->recvStep + 1);
+      ctx.sh->recvStep += 1;
+    }
+    __syncthreads();
+  }
+  // Thread 0 records the send step in the sender's own word (see DevConn::step).
+  __device__ void advanceSend() {
+    ctx.sh->sendStep += 1;
+    stVolatile(sc->step, ctx.sh->sendStep);
+  }
+};
+
+template <typename T, int F>
+struct SimplePrims : PrimsBase<T, F> {
+  using B = PrimsBase<T, F>;
+  using B::ctx;
+  using B::in;
+  using B::out;
+  using B::rc;
+  using B::red;
+  using B::sc;
+
+  // last: whether the sender must have marked this step as its message's last (point-to-
+  // point: 0 or 1); collectives pass kAnyLast and compare sizes only.
+  static constexpr int kAnyLast = -1;
+  __device__ bool waitRecv(size_t n, int last = kAnyLast) {
+    bool stop = false;
+    if (threadIdx.x == 0) {
+      const uint64_t step = ctx.sh->recvStep;
+      uint64_t since = 0;
+      int spins = 0;
+      while (ldAcquire(rc->tail) <= step) {
+        spinPause();
+        if (++spins == kSpinsPerCheck) {
+          spins = 0;
+          if ((stop = ctx.mustStop(rc, &since))) break;
+        }
+      }
+      if (!stop) {
+        const uint64_t word = ldVolatile(rc->sizes + step % kSteps);
+        const uint64_t got = word & kSizeMask;
+        const bool lastBit = (word & kLastSlot) != 0;
+        if (got != n * sizeof(T) || (last != kAnyLast && lastBit != (last != 0))) {
+          stop = ctx.fail(kErrSize, rc->peer, word, n * sizeof(T) | (last == 1 ? kLastSlot : 0));
+        }
+      }
+    }
+    return B::vote(stop);
+  }
+  __device__ void postSend(size_t n, bool last = false) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence_system();  // the block's slot writes before the counter
+      const uint64_t step = ctx.sh->sendStep;
+      stVolatile(sc->sizes + step % kSteps, n * sizeof(T) | (last ? kLastSlot : 0));
+      stRelease(sc->tail, step + 1);
+      B::advanceSend();
+    }
+    __syncthreads();
+  }
+
+  // Point-to-point: one step of a message, the last one flagged, so that a receiver expecting
+  // another size or another number of steps fails instead of taking the wrong bytes.
+  __device__ void sendStep(size_t inOff, int n, bool last) {
+    if (B::failed() || !B::waitSendSlot()) return;
+    T* s = reinterpret_cast<T*>(B::sendSlot(false));
+    blockApply<kOpCopy>(red, s, (T*)nullptr, in + inOff, (const T*)nullptr, size_t(n));
+    postSend(size_t(n), last);
+  }
+  __device__ void recvStep(size_t outOff, int n, bool last) {
+    if (B::failed() || !waitRecv(size_t(n), last ? 1 : 0)) return;
+    const T* r = reinterpret_cast<const T*>(B::recvSlot(false));
+    blockApply<kOpCopy>(red, out + outOff, (T*)nullptr, r, (const T*)nullptr, size_t(n));
+    B::releaseRecv(false);
+  }
+
+  // The vocabulary of collectives/ring.h.
+  __device__ void send(size_t inOff, int n) {
+    if (B::failed() || !B::waitSendSlot()) return;
+    T* s = reinterpret_cast<T*>(B::sendSlot(false));
+    blockApply<kOpPre>(red, s, (T*)nullptr, in + inOff, (const T*)nullptr, size_t(n));
+    postSend(size_t(n));
+  }
+  __device__ void recv(size_t outOff, int n) {
+    if (B::failed() || !waitRecv(size_t(n))) return;
+    const T* r = reinterpret_cast<const T*>(B::recvSlot(false));
+    blockApply<kOpCopy>(red, out + outOff, (T*)nullptr, r, (const T*)nullptr, size_t(n));
+    B::releaseRecv(false);
+  }
+  __device__ void recvReduceSend(size_t inOff, int n) {
+    if (B::failed() || !waitRecv(size_t(n)) || !B::waitSendSlot()) return;
+    const T* r = reinterpret_cast<const T*>(B::recvSlot(false));
+    T* s = reinterpret_cast<T*>(B::sendSlot(false));
+    blockApply<kOpReduce>(red, s, (T*)nullptr, r, in + inOff, size_t(n));
+    postSend(size_t(n));
+    B::releaseRecv(false);
+  }
+  __device__ void recvCopySend(size_t outOff, int n) {
+    if (B::failed() || !waitRecv(size_t(n)) || !B::waitSendSlot()) return;
+    const T* r = reinterpret_cast<const T*>(B::recvSlot(false));
+    T* s = reinterpret_cast<T*>(B::sendSlot(false));
+    blockApply<kOpCopy>(red, out + outOff, s, r, (const T*)nullptr, size_t(n));
+    postSend(size_t(n));
+    B::releaseRecv(false);
+  }
+  __device__ void recvReduceCopySend(size_t inOff, size_t outOff, int n) {
+    if (B::failed() || !waitRecv(size_t(n)) || !B::waitSendSlot()) return;
+    const T* r = reinterpret_cast<const T*>(B::recvSlot(false));
+    T* s = reinterpret_cast<T*>(B::sendSlot(false));
+    blockApply<kOpReducePost>(red, out + outOff, s, r, in + inOff, size_t(n));
+    postSend(size_t(n));
+    B::releaseRecv(false);
+  }
+  __device__ void copySend(size_t inOff, size_t outOff, int n) {
+    if (B::failed() || !B::waitSendSlot()) return;
+    T* s = reinterpret_cast<T*>(B::sendSlot(false));
+    T* o = out + outOff == in + inOff ? nullptr : out + outOff;
+    blockApply<kOpCopy>(red, s, o, in + inOff, (const T*)nullptr, size_t(n));
+    postSend(size_t(n));
+  }
+  __device__ void recvReduceCopy(size_t inOff, size_t outOff, int n) {
+    if (B::failed() || !waitRecv(size_t(n))) return;
+    const T* r = reinterpret_cast<const T*>(B::recvSlot(false));
+    blockApply<kOpReducePost>(red, out + outOff, (T*)nullptr, r, in + inOff, size_t(n));
+    B::releaseRecv(false);
+  }
+  __device__ void copy(size_t inOff, size_t outOff, int n) {
+    if (B::failed()) return;
+    blockApply<kOpPrePost>(red, out + outOff, (T*)nullptr, in + inOff, (const T*)nullptr,
+                           size_t(n));
+    __syncthreads();
+  }
+};
+
+// 8 payload bytes at p (valid of them; the rest zero), aligned or not.
+__device__ __forceinline__ uint64_t load8(const char* p, int valid) {
+  if (valid == 8 && (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+    return *reinterpret_cast<const uint64_t*>(p);
+  }
+  uint64_t v = 0;
+  for (int i = 0; i < valid; ++i) v |= uint64_t(uint8_t(p[i])) << (8 * i);
+  return v;
+}
+__device__ __forceinline__ void store8(char* p, uint64_t v, int valid) {
+  if (valid == 8 && (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+    *reinterpret_cast<uint64_t*>(p) = v;
+    return;
+  }
+  for (int i = 0; i < valid; ++i) p[i] = char(v >> (8 * i));
+}
+
+template <typename T, int F>
+struct LLPrims : PrimsBase<T, F> {
+  using B = PrimsBase<T, F>;
+  using B::ctx;
+  using B::in;
+  using B::out;
+  using B::rc;
+  using B::red;
+  using B::sc;
+
+  // One step: optionally receive a slot, combine it (mode M) with this rank's input at
+  // inOff, write the result to the output at outOff and / or send it on. Each thread owns
+  // whole lines, so a line's value never crosses threads.
+  template <int M, bool kRecv, bool kSend>
+  __device__ void step(const T* inp, T* outp, int n) {
+    if (B::failed()) return;
+    if (kSend && !B::waitSendSlot()) return;
+    const size_t bytes = size_t(n) * sizeof(T);
+    const int lines = int((bytes + 7) / 8);
+    char* sline = kSend ? B::sendSlot(true) : nullptr;
+    const char* rline = kRecv ? B::recvSlot(true) : nullptr;
+    const uint32_t sflag = kSend ? uint32_t(ctx.sh->sendStep + 1) : 0;
+    const uint32_t rflag = kRecv ? uint32_t(ctx.sh->recvStep + 1) : 0;
+    bool stop = false;
+    for (int i = threadIdx.x; i < lines; i += blockDim.x) {
+      const int valid = int(bytes - size_t(i) * 8 < 8 ? bytes - size_t(i) * 8 : 8);
+      uint64_t a = 0, mine = 0;
+      if (inp) mine = load8(reinterpret_cast<const char*>(inp) + size_t(i) * 8, valid);
+      if (kRecv) {
+        uint64_t since = 0;
+        int spins = 0;
+        while (!loadLine(rline + size_t(i) * 16, rflag, &a)) {
+          spinPause();
+          if (++spins == kSpinsPerCheck) {
+            spins = 0;
+            if ((stop = ctx.mustStop(rc, &since))) break;
+          }
+        }
+        if (stop) break;
+      } else {
+        a = mine;
+      }
+      const uint64_t v = computePack<M>(red, a, mine);
+      if (outp) store8(reinterpret_cast<char*>(outp) + size_t(i) * 8, v, valid);
+      if (kSend) storeLine(sline + size_t(i) * 16, v, sflag);
+    }
+    // Every thread has written and read its lines: agree on the outcome, then move on.
+    if (!B::vote(stop)) return;
+    if (threadIdx.x == 0) {
+      if (kSend) B::advanceSend();  // bookkeeping only: receivers poll the lines
+      if (kRecv) {
+        stRelease(rc->head, ctx.sh->recvStep + 1);
+        ctx.sh->recvStep += 1;
+      }
+    }
+    __syncthreads();
+  }
+
+  __device__ void send(size_t inOff, int n) { step<kOpPre, false, true>(in + inOff, nullptr, n); }
+  __device__ void recv(size_t outOff, int n) {
+    step<kOpCopy, true, false>(nullptr, out + outOff, n);
+  }
+  __device__ void recvReduceSend(size_t inOff, int n) {
+    step<kOpReduce, true, true>(in + inOff, nullptr, n);
+  }
+  __device__ void recvCopySend(size_t outOff, int n) {
+    step<kOpCopy, true, true>(nullptr, out + outOff, n);
+  }
+  __device__ void recvReduceCopySend(size_t inOff, size_t outOff, int n) {
+    step<kOpReducePost, true, true>(in + inOff, out + outOff, n);
+  }
+  __device__ void copySend(size_t inOff, size_t outOff, int n) {
+    step<kOpCopy, false, true>(in + inOff, out + outOff == in + inOff ? nullptr : out + outOff, n);
+  }
+  __device__ void recvReduceCopy(size_t inOff, size_t outOff, int n) {
+    step<kOpReducePost, true, false>(in + inOff, out + outOff, n);
+  }
+  __device__ void copy(size_t inOff, size_t outOff, int n) {
+    if (B::failed()) return;
+    blockApply<kOpPrePost>(red, out + outOff, (T*)nullptr, in + inOff, (const T*)nullptr,
+                           size_t(n));
+    __syncthreads();
+  }
+};
+
+}  // namespace tutti::dev

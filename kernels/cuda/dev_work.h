@@ -1,0 +1,124 @@
+// What the host hands a device kernel: plain structs, the same bytes on both sides (this
+// header is compiled by the host compiler and by nvcc). One launch carries up to kMaxOps
+// operations of one communicator; a collective runs on blocks 0..nch-1 (block c = channel c),
+// a point-to-point operation on a block of its own, so that every send and receive of a
+// group progresses at once whatever order the ranks issued them in.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+namespace tutti::dev {
+
+constexpr int kMaxChannels = 8;
+constexpr int kMaxOps = 16;
+constexpr int kThreads = 512;  // threads per block: they share each slot's work
+constexpr int kSteps = 8;      // slots per FIFO (transports/transport.h: kSteps)
+// A Simple slot's size word: the byte count, and a flag on a message's last slot
+// (transports/transport.h: kSizeMask, kLastSlot).
+constexpr uint64_t kSizeMask = (1ull << 40) - 1;
+constexpr uint64_t kLastSlot = 1ull << 62;
+
+enum Proto : int32_t { kSimple = 0, kLL = 1 };
+
+// Same numbering as tutti::CollKind (runtime/coll_args.h).
+enum Kind : int32_t {
+  kAllReduce = 0,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kReduce,
+  kSend,
+  kRecv
+};
+
+// One end of one FIFO as a kernel sees it. The counters follow transports/transport.h: the
+// sender publishes tail = step + 1 once slot (step % kSteps) holds data (Simple) and the
+// receiver head = step + 1 once it has consumed it. Each end reads its own counter at the
+// start of a kernel to learn its step (only it writes that counter), so steps continue
+// across operations and across graph replays with no host bookkeeping.
+struct DevConn {
+  uint64_t* tail = nullptr;  // in the receiver's memory
+  uint64_t* head = nullptr;  // in the receiver's memory
+  // Sender: its step, in memory of its own. Each kernel starts from it and advances it; LL
+  // never waits for tail, so a last tail write there could land after the receiver freed the
+  // FIFO. Receiver: unused (head is its step, in its own memory).
+  uint64_t* step = nullptr;
+  uint32_t* broken = nullptr;  // FifoCtrl::broken: set by a kernel that gives up, polled by waits
+  uint64_t* sizes = nullptr;   // kSteps words: bytes in each Simple slot
+  char* slots = nullptr;       // Simple: kSteps slots of slotBytes
+  uint64_t slotBytes = 0;
+  char* ll = nullptr;  // LL: kSteps slots of llSlotBytes of 16-byte lines
+  uint64_t llSlotBytes = 0;
+  int32_t peer = -1;
+  int32_t pad = 0;
+};
+
+struct DevChannel {
+  DevConn send;  // to the next rank of the ring
+  DevConn recv;  // from the previous one
+};
+
+struct DevOp {
+  int32_t kind = 0;
+  int32_t root = 0;  // root; for send / recv the peer
+  const void* send = nullptr;
+  void* recv = nullptr;
+  uint64_t count = 0;   // units the algorithm sees: elements, or bytes for copy-only ops
+  uint64_t stride = 0;  // per-rank block in AllGather / ReduceScatter buffers
+  uint64_t per = 0;     // each channel's share (a multiple of 64 units)
+  uint64_t chunk = 0;   // most units one slot holds
+  int32_t nch = 1;      // blocks (channels) of a collective
+  int32_t block = 0;    // send / recv: the block that runs it
+  int32_t proto = kSimple;
+  int32_t hasPre = 0;   // PreMulSum: multiply the input by the scalar
+  int32_t hasPost = 0;  // Avg: divide the result by nranks
+  int32_t pad = 0;
+  uint8_t preScalar[8] = {};           // host-immediate scalar, one element of the dtype
+  const void* preScalarPtr = nullptr;  // ncclScalarDevice: read when the kernel runs
+  uint64_t seq = 0;                    // the communicator's op count, for error reports
+  DevConn conn;                        // send / recv: the link to the peer
+};
+
+// Written by a kernel that gives up (abort, or no progress before the deadline), in host
+// memory the host reads without synchronising: the first failure of a communicator wins.
+enum ErrCode : uint32_t {
+  kErrNone = 0,
+  kErrAborted = 1,  // ncclCommAbort
+  kErrTimeout = 2,  // no progress for TUTTI_TIMEOUT
+  kErrSize = 3,     // the peer sent a slot of another size, or fewer / more slots
+  kErrPeer = 4,     // a FIFO was marked broken: the peer's kernel gave up
+};
+struct DevError {
+  uint32_t code;
+  int32_t peer;
+  int32_t channel;
+  int32_t kind;
+  uint64_t seq;
+  uint64_t got;  // kErrSize: the bytes the peer sent
+  uint64_t want;
+};
+
+struct DevWork {
+  DevChannel ch[kMaxChannels];
+  DevOp ops[kMaxOps];
+  int32_t nops = 0;
+  int32_t rank = 0;
+  int32_t nranks = 1;
+  int32_t pad = 0;
+  const volatile uint32_t* abortFlag = nullptr;  // mapped host memory: set by ncclCommAbort
+  // The first failing thread claims errClaim (device memory, device-scope atomics), fills err
+  // (mapped host memory) and publishes err->code last.
+  uint32_t* errClaim = nullptr;
+  DevError* err = nullptr;
+  uint64_t timeoutNs = 0;  // one wait that long without progress fails
+};
+// Kernel parameters may be up to 32764 bytes on Volta and later with CUDA 12.1+.
+static_assert(sizeof(DevWork) < 32000, "DevWork must fit the kernel parameter space");
+
+// Kernels are chosen by (datatype, function, protocol); the collective is data.
+enum Fn : int32_t { kFnSum = 0, kFnProd, kFnMax, kFnMin, kNumFns };
+constexpr int kNumDtypes = 12;
+constexpr int kNumProtos = 2;
+
+}  // namespace tutti::dev

@@ -1,0 +1,14 @@
+// The device kernels this build has, by (ncclDataType_t, dev::Fn, dev::Proto).
+#pragma once
+
+#include <string>
+
+namespace tutti::dev {
+
+// The kernel's host-side handle for cudaLaunchKernel, or nullptr when this build has no kernel
+// for the datatype (TUTTI_KERNEL_FILTER) or no CUDA.
+const void* kernelFor(int dtype, int fn, int proto);
+// The datatypes with kernels, for messages: "all", or e.g. "uint8, float".
+std::string builtKernelTypes();
+
+}  // namespace tutti::dev

@@ -1,0 +1,417 @@
+#include "runtime/device_engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+
+#include "runtime/comm.h"
+#include "runtime/cuda_shim.h"
+#include "runtime/dtype.h"
+#include "runtime/env.h"
+#include "runtime/links.h"
+#include "runtime/log.h"
+
+#ifdef TUTTI_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/kernel_table.h"
+#endif
+
+namespace tutti {
+
+#ifdef TUTTI_HAVE_CUDA
+
+namespace {
+
+// Below this many bytes per channel another block costs more than it gains.
+constexpr size_t kDefaultChannelBytes = 512 << 10;
+// Every rank derives this from the shared peer table, so all agree on channel counts.
+int ranksPerDevice(const Comm& comm) {
+  int most = 1;
+  for (const PeerInfo& p : comm.peers()) {
+    int same = 0;
+    for (const PeerInfo& q : comm.peers())
+      same += q.hostHash == p.hostHash && strcmp(q.busId, p.busId) == 0 && q.cudaDev >= 0;
+    most = std::max(most, same);
+  }
+  return most;
+}
+
+// Lets this thread make set-up calls while one of its streams is being captured.
+class CaptureModeRelaxed {
+ public:
+  CaptureModeRelaxed() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~CaptureModeRelaxed() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+// Makes the communicator's device current and gives the caller back its own afterwards.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
+    if (saved_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    if (saved_ >= 0) cudaSetDevice(saved_);
+    cudaGetLastError();
+  }
+
+ private:
+  int saved_ = -1;
+};
+
+const char* kindName(CollKind k) {
+  static const char* const kNames[] = {"AllReduce", "AllGather", "ReduceScatter", "Broadcast",
+                                       "Reduce",    "Send",      "Recv"};
+  return kNames[static_cast<int>(k)];
+}
+
+}  // namespace
+
+DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
+  const int shared = ranksPerDevice(comm);
+  // Ranks sharing a GPU each hold their blocks for a whole kernel while they wait for the
+  // others: keep the total well inside what one GPU runs at once (132 SMs on an H100).
+  const int cap = std::max(1, 32 / shared);
+  maxChannels_ = int(std::clamp<int64_t>(env::getInt("NCCL_MAX_NCHANNELS", 4), 1,
+                                         std::min(cap, dev::kMaxChannels)));
+  llMaxBytes_ = size_t(std::max<int64_t>(0, env::getInt("TUTTI_LL_MAX_BYTES", 64 << 10)));
+  channelBytes_ =
+      size_t(std::max<int64_t>(1, env::getInt("TUTTI_DEV_CHANNEL_BYTES", kDefaultChannelBytes)));
+  timeoutS_ = env::getDouble("TUTTI_TIMEOUT", 1800);
+  const PeerInfo& me = comm.peers()[size_t(comm.rank())];
+  for (const PeerInfo& q : comm.peers()) {
+    siblings_ += q.rank != me.rank && q.pid == me.pid && q.pidNs == me.pidNs &&
+                 q.hostHash == me.hostHash && strcmp(q.busId, me.busId) == 0 && q.cudaDev >= 0;
+  }
+  if (auto p = env::getString("NCCL_PROTO")) {
+    std::string v = *p;
+    std::transform(v.begin(), v.end(), v.begin(), ::tolower);
+    if (v == "ll") proto_ = dev::kLL;
+    if (v == "simple") proto_ = dev::kSimple;
+  }
+}
+
+DeviceEngine::~DeviceEngine() {
+  if (stream_) {
+    // The FIFOs and the mapped words must outlive every kernel that uses them.
+    DeviceGuard guard(comm_.cudaDev());
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    comm_.setDeviceAbortWord(nullptr);
+    cudaEventDestroy(static_cast<cudaEvent_t>(entry_));
+    cudaEventDestroy(static_cast<cudaEvent_t>(done_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+    cudaFreeHost(abortHost_);
+    cudaFreeHost(errHost_.load());
+    cudaFree(errClaim_);
+    cudaGetLastError();
+  }
+  links_.reset();
+}
+
+Status DeviceEngine::cudaCheck(const char* what, int err) const {
+  if (err == cudaSuccess) return Status::Ok();
+  cudaGetLastError();
+  return Status(Code::kCudaError, "rank " + std::to_string(comm_.rank()) + ": " + what + ": " +
+                                      cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+Status DeviceEngine::init() {
+  if (ready_) return Status::Ok();
+  cudaStream_t s;
+  TUTTI_TRY(
+      cudaCheck("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)));
+  stream_ = s;
+  cudaEvent_t e;
+  TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
+  entry_ = e;
+  TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
+  done_ = e;
+  void* p = nullptr;
+  TUTTI_TRY(cudaCheck("cudaHostAlloc", cudaHostAlloc(&p, 64, cudaHostAllocMapped)));
+  abortHost_ = static_cast<uint32_t*>(p);
+  *abortHost_ = comm_.aborted() ? 1 : 0;
+  void* d = nullptr;
+  TUTTI_TRY(cudaCheck("cudaHostGetDevicePointer", cudaHostGetDevicePointer(&d, p, 0)));
+  abortDev_ = static_cast<const uint32_t*>(d);
+  TUTTI_TRY(
+      cudaCheck("cudaHostAlloc", cudaHostAlloc(&p, sizeof(dev::DevError), cudaHostAllocMapped)));
+  memset(p, 0, sizeof(dev::DevError));
+  errHost_.store(static_cast<dev::DevError*>(p), std::memory_order_release);
+  TUTTI_TRY(cudaCheck("cudaHostGetDevicePointer", cudaHostGetDevicePointer(&d, p, 0)));
+  errDev_ = static_cast<dev::DevError*>(d);
+  TUTTI_TRY(cudaCheck("cudaMalloc", cudaMalloc(&p, 64)));
+  errClaim_ = static_cast<uint32_t*>(p);
+  TUTTI_TRY(cudaCheck("cudaMemsetAsync", cudaMemsetAsync(p, 0, 64, s)));
+  TUTTI_TRY(cudaCheck("cudaStreamSynchronize", cudaStreamSynchronize(s)));
+  comm_.setDeviceAbortWord(abortHost_);
+  links_ = std::make_unique<Links>(comm_, Links::Kind::kDevice);
+  if (siblings_ > 0) {
+    const char* q = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    const int queues = q ? atoi(q) : 8;
+    if (queues < 2 * (siblings_ + 1)) {
+      TUTTI_WARN(
+          "rank %d: %d ranks of this process share GPU %d but CUDA_DEVICE_MAX_CONNECTIONS "
+          "is %d: streams then share hardware queues, and a queue that holds one rank's "
+          "join ahead of another rank's kernel deadlocks both (set it to 32 before CUDA "
+          "starts)",
+          comm_.rank(), siblings_ + 1, comm_.cudaDev(), queues);
+    }
+  }
+  ready_ = true;
+  TUTTI_INFO(log::kInit,
+             "rank %d: CUDA engine on device %d, %d channels at most, LL up to %zu "
+             "bytes per channel, kernels for %s datatypes",
+             comm_.rank(), comm_.cudaDev(), maxChannels_, llMaxBytes_,
+             dev::builtKernelTypes().c_str());
+  return Status::Ok();
+}
+
+Status DeviceEngine::kernelError() const {
+  const volatile dev::DevError* e = errHost_.load(std::memory_order_acquire);
+  if (!e) return Status::Ok();
+  const uint32_t code = e->code;  // published last by the kernel
+  if (code == dev::kErrNone) return Status::Ok();
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const std::string where = "rank " + std::to_string(comm_.rank()) + ": nccl" +
+                            kindName(static_cast<CollKind>(e->kind)) + " (opCount " +
+                            std::to_string(e->seq) + ", channel " + std::to_string(e->channel) +
+                            ") on GPU " + std::to_string(comm_.cudaDev());
+  switch (code) {
+    case dev::kErrAborted:
+      return remoteError(where + " was aborted (ncclCommAbort) while waiting for rank " +
+                         std::to_string(e->peer));
+    case dev::kErrTimeout:
+      return timeoutError(where + " waited more than " + std::to_string(int64_t(timeoutS_)) +
+                          " s for rank " + std::to_string(e->peer) +
+                          " (TUTTI_TIMEOUT): did every rank call the same collectives?");
+    case dev::kErrSize: {
+      auto slot = [](uint64_t w) {
+        return std::to_string(w & dev::kSizeMask) + " bytes" +
+               ((w & dev::kLastSlot) ? " (its last)" : "");
+      };
+      return invalidUsage(where + ": rank " + std::to_string(e->peer) + " sent a slot of " +
+                          slot(e->got) + " where this rank expected " + slot(e->want) +
+                          ": do all ranks call the same operations with the same count, "
+                          "datatype and root?");
+    }
+    case dev::kErrPeer:
+      return remoteError(where + ": rank " + std::to_string(e->peer) +
+                         "'s kernel gave up on their link (it failed or was aborted; its own "
+                         "error says why)");
+    default:
+      return internalError(where + ": unknown kernel error " + std::to_string(code));
+  }
+}
+
+Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceGuard guard(comm_.cudaDev());
+  // The first operation makes streams, pinned words and FIFOs (cudaMalloc, IPC, host
+  // registration): calls a stream capture in the default (global) mode forbids. They touch
+  // no captured stream, so they may run inside one.
+  CaptureModeRelaxed relaxed;
+  Status s = init();
+  if (s.ok()) s = kernelError();
+  if (s.ok()) s = plan(ops, nops);
+  if (!s.ok()) clearPlan();
+  return s;
+}
+
+Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
+  const int r = comm_.rank();
+  for (size_t i = 0; i < nops; ++i) {
+    const CollArgs& op = ops[i];
+    void* s = op.stream;
+    if (std::find(streams_.begin(), streams_.end(), s) == streams_.end()) streams_.push_back(s);
+    if (op.red.scalarPtr && !cuda::isDevicePointer(op.red.scalarPtr)) {
+      return invalidUsage(std::string(op.name) +
+                          ": the PreMulSum scalar is ncclScalarDevice but not in GPU memory");
+    }
+  }
+  devplan::Config cfg;
+  cfg.rank = r;
+  cfg.nranks = comm_.nranks();
+  cfg.maxChannels = maxChannels_;
+  cfg.llMaxBytes = llMaxBytes_;
+  cfg.channelBytes = channelBytes_;
+  cfg.proto = proto_;
+  if (Status s = links_->ensure(devplan::linkNeeds(cfg, ops, nops)); !s.ok()) {
+    return s.withContext("rank " + std::to_string(r) + ": connecting GPU links");
+  }
+  groupSeqValid_ = false;
+  auto link = [this](int peer, int channel, bool send) -> const transport::FifoView* {
+    return send ? links_->send(peer, channel) : links_->recv(peer, channel);
+  };
+  auto seq = [this] {
+    const uint64_t s = comm_.nextSeq();
+    noteSeq(s);
+    return s;
+  };
+  const size_t before = plan_.launches.size();
+  TUTTI_TRY(devplan::plan(cfg, ops, nops, link, seq, &plan_));
+  for (size_t i = before; i < plan_.launches.size(); ++i) {
+    devplan::Launch& l = plan_.launches[i];
+    const void* k = dev::kernelFor(l.dtype, l.fn, l.proto);
+    if (!k) {
+      return invalidUsage(
+          "this tutti build has no device kernel for " + std::string(dtypeName(l.dtype)) +
+          " (kernels built for: " + dev::builtKernelTypes() + "; see TUTTI_KERNEL_FILTER)");
+    }
+    kernels_.push_back(k);
+    l.work.abortFlag = abortDev_;
+    l.work.err = errDev_;
+    l.work.errClaim = errClaim_;
+    l.work.timeoutNs = timeoutS_ > 0 ? uint64_t(timeoutS_ * 1e9) : 0;
+    for (int j = 0; j < l.work.nops; ++j) {
+      const dev::DevOp& d = l.work.ops[j];
+      TUTTI_INFO(log::kColl,
+                 "%s: opCount %llx sendbuff %p recvbuff %p count %llu root %d comm %p "
+                 "[nranks=%d] nchannels %d proto %s (GPU %d)",
+                 kindName(static_cast<CollKind>(d.kind)), static_cast<unsigned long long>(d.seq),
+                 d.send, d.recv, static_cast<unsigned long long>(d.count), d.root,
+                 static_cast<void*>(&comm_), comm_.nranks(), d.nch,
+                 l.proto == dev::kLL ? "LL" : "Simple", comm_.cudaDev());
+    }
+  }
+  return Status::Ok();
+}
+
+// Ranks of one communicator in this process on one GPU that pass the same stream share one
+// entry per operation: the first to enter records it, the others wait for that same point.
+// Stream order cannot hold for each of them separately -- the second call would queue behind
+// the first call's join, which waits for the second rank's kernel -- so a rank called later
+// from another thread waits only for the stream work issued before the first sibling's call.
+// Inside one group (runBatches) all entries come before any join, and nothing changes.
+namespace {
+struct SharedEntry {
+  uint64_t commHash;
+  void* stream;
+  uint64_t seq;
+  cudaEvent_t event;
+  int left;  // siblings yet to use it
+};
+std::mutex gSharedMu;
+std::deque<SharedEntry> gShared;  // oldest first
+constexpr size_t kMaxShared = 1024;
+}  // namespace
+
+Status DeviceEngine::enterStream(void* s) {
+  auto own = static_cast<cudaStream_t>(stream_);
+  auto stream = static_cast<cudaStream_t>(s);
+  if (siblings_ == 0 || !groupSeqValid_) {
+    TUTTI_TRY(cudaCheck("cudaEventRecord on the caller's stream",
+                        cudaEventRecord(static_cast<cudaEvent_t>(entry_), stream)));
+    return cudaCheck("cudaStreamWaitEvent",
+                     cudaStreamWaitEvent(own, static_cast<cudaEvent_t>(entry_), 0));
+  }
+  std::lock_guard<std::mutex> lock(gSharedMu);
+  for (auto it = gShared.begin(); it != gShared.end(); ++it) {
+    if (it->commHash != comm_.commHash() || it->stream != s || it->seq != groupSeq_) continue;
+    Status st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, it->event, 0));
+    if (--it->left == 0) {
+      cudaEventDestroy(it->event);
+      gShared.erase(it);
+    }
+    if (!warnedShared_) {
+      warnedShared_ = true;
+      TUTTI_WARN(
+          "rank %d shares stream %p with another rank of its communicator on GPU %d, called "
+          "from another thread outside a group: each would wait for the other, so its "
+          "operations start after the stream work issued before the first of them was called "
+          "(work this thread queued on the stream since may not be finished). Call them in one "
+          "ncclGroupStart/End, or give each rank a stream of its own",
+          comm_.rank(), s, comm_.cudaDev());
+    }
+    return st;
+  }
+  cudaEvent_t e;
+  TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
+  Status st = cudaCheck("cudaEventRecord on the caller's stream", cudaEventRecord(e, stream));
+  if (st.ok()) st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, e, 0));
+  if (!st.ok()) {
+    cudaEventDestroy(e);
+    return st;
+  }
+  gShared.push_back({comm_.commHash(), s, groupSeq_, e, siblings_});
+  // Entries of siblings that use streams of their own are never claimed: keep a bounded few.
+  while (gShared.size() > kMaxShared) {
+    cudaEventDestroy(gShared.front().event);
+    gShared.pop_front();
+  }
+  return Status::Ok();
+}
+
+Status DeviceEngine::enter() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ready_) return Status::Ok();
+  DeviceGuard guard(comm_.cudaDev());
+  for (void* s : streams_) TUTTI_TRY(enterStream(s));
+  return Status::Ok();
+}
+
+Status DeviceEngine::launch() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ready_) return Status::Ok();
+  DeviceGuard guard(comm_.cudaDev());
+  auto own = static_cast<cudaStream_t>(stream_);
+  for (const devplan::Copy& c : plan_.copies) {
+    TUTTI_TRY(cudaCheck("cudaMemcpyAsync (send to self)",
+                        cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, own)));
+  }
+  for (size_t i = 0; i < plan_.launches.size(); ++i) {
+    devplan::Launch& l = plan_.launches[i];
+    void* args[] = {&l.work};
+    TUTTI_TRY(cudaCheck("cudaLaunchKernel", cudaLaunchKernel(kernels_[i], dim3(unsigned(l.blocks)),
+                                                             dim3(dev::kThreads), args, 0, own)));
+  }
+  return Status::Ok();
+}
+
+Status DeviceEngine::leave() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ready_) return Status::Ok();
+  DeviceGuard guard(comm_.cudaDev());
+  auto own = static_cast<cudaStream_t>(stream_);
+  Status st = cudaCheck("cudaEventRecord", cudaEventRecord(static_cast<cudaEvent_t>(done_), own));
+  for (void* s : streams_) {
+    if (!st.ok()) break;
+    st = cudaCheck(
+        "cudaStreamWaitEvent on the caller's stream",
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(done_), 0));
+  }
+  clearPlan();
+  return st;
+}
+
+Status DeviceEngine::launchPrepared() {
+  Status s = enter();
+  if (s.ok()) s = launch();
+  Status l = leave();  // clears the plan whatever happened
+  return s.ok() ? l : s;
+}
+
+#else  // !TUTTI_HAVE_CUDA: no GPU buffers can reach here (validation finds none).
+
+DeviceEngine::DeviceEngine(Comm& comm)
+    : comm_(comm), maxChannels_(0), llMaxBytes_(0), channelBytes_(0), timeoutS_(0) {}
+DeviceEngine::~DeviceEngine() = default;
+Status DeviceEngine::plan(const CollArgs*, size_t) { return Status::Ok(); }
+Status DeviceEngine::prepare(const CollArgs*, size_t) {
+  return invalidUsage("tutti was built without CUDA: no GPU buffers");
+}
+Status DeviceEngine::enter() { return Status::Ok(); }
+Status DeviceEngine::launch() { return Status::Ok(); }
+Status DeviceEngine::leave() { return Status::Ok(); }
+Status DeviceEngine::launchPrepared() { return Status::Ok(); }
+Status DeviceEngine::kernelError() const { return Status::Ok(); }
+
+#endif
+
+}  // namespace tutti

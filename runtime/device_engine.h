@@ -1,0 +1,91 @@
+// The CUDA engine: operations on GPU buffers run as device kernels (kernels/cuda) over FIFOs
+// of the p2p transport, enqueued on the caller's stream and returning at once.
+//
+// Each communicator has a stream of its own. A group's kernels run there, fenced to the
+// caller's streams by events: the own stream waits for every caller stream's work issued so
+// far (enter), the kernels are launched (launch), and the caller streams wait for them
+// (leave). Ranks that share a GPU spin on each other's FIFOs, so their kernels must run at
+// the same time; the three phases let one thread drive several communicators in one group
+// (the ncclCommInitAll pattern) with all its entries recorded before any kernel can block a
+// stream, and caps on blocks per launch keep every rank's kernels resident together.
+// Works under CUDA graph capture: every step is stream-ordered and the kernels find their
+// FIFO positions in the FIFO counters, not in launch arguments.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "kernels/cuda/dev_work.h"
+#include "runtime/coll_args.h"
+#include "runtime/device_plan.h"
+#include "runtime/status.h"
+
+namespace tutti {
+
+class Comm;
+class Links;
+
+class DeviceEngine {
+ public:
+  explicit DeviceEngine(Comm& comm);
+  ~DeviceEngine();  // waits for this communicator's kernels (abort first to make it prompt)
+  DeviceEngine(const DeviceEngine&) = delete;
+  DeviceEngine& operator=(const DeviceEngine&) = delete;
+
+  // Plans one group's device operations and makes their links (every rank must take part,
+  // as in Links::ensure); nothing is launched yet.
+  Status prepare(const CollArgs* ops, size_t n);
+  Status enter();
+  Status launch();
+  Status leave();
+  // All three, for one communicator.
+  Status launchPrepared();
+  // What a kernel reported (abort, deadline, a size mismatch), as a Status; Ok if nothing.
+  Status kernelError() const;
+
+  // Channels (blocks) per collective at most.
+  int maxChannels() const { return maxChannels_; }
+
+ private:
+  Status init();
+  Status plan(const CollArgs* ops, size_t n);  // prepare() under mu_
+  Status enterStream(void* stream);
+  void noteSeq(uint64_t seq) {
+    if (!groupSeqValid_) groupSeq_ = seq, groupSeqValid_ = true;
+  }
+  void clearPlan() {
+    plan_ = devplan::Plan{};
+    kernels_.clear();
+    streams_.clear();
+  }
+  Status cudaCheck(const char* what, int err) const;
+
+  Comm& comm_;
+  std::unique_ptr<Links> links_;
+  std::mutex mu_;
+  bool ready_ = false;
+  void* stream_ = nullptr;  // cudaStream_t
+  void* entry_ = nullptr;   // cudaEvent_t
+  void* done_ = nullptr;
+  uint32_t* abortHost_ = nullptr;
+  const uint32_t* abortDev_ = nullptr;
+  std::atomic<dev::DevError*> errHost_{nullptr};  // read by ncclCommGetAsyncError's thread
+  dev::DevError* errDev_ = nullptr;
+  uint32_t* errClaim_ = nullptr;  // device memory
+  int maxChannels_;
+  size_t llMaxBytes_;
+  size_t channelBytes_;
+  double timeoutS_;
+  int proto_ = -1;         // NCCL_PROTO: -1 automatic
+  int siblings_ = 0;       // other ranks of this comm in this process on this GPU
+  uint64_t groupSeq_ = 0;  // the first opCount of the prepared group
+  bool groupSeqValid_ = false;
+  bool warnedShared_ = false;
+  devplan::Plan plan_;                // the prepared group
+  std::vector<const void*> kernels_;  // one per plan_.launches
+  std::vector<void*> streams_;        // the distinct caller streams of the prepared group
+};
+
+}  // namespace tutti

@@ -1,0 +1,206 @@
+#include "runtime/device_plan.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/dtype.h"
+
+namespace tutti::devplan {
+namespace {
+
+static_assert(dev::kSteps == transport::kSteps && dev::kLastSlot == transport::kLastSlot &&
+                  dev::kSizeMask == transport::kSizeMask,
+              "kernels and transports must agree on the FIFO");
+
+// Simple steps of a mid-sized message: at least this many bytes each (a step costs a fence
+// and a counter round trip), about kPipelineSteps per channel.
+constexpr size_t kMinChunkBytes = 32 << 10;
+constexpr size_t kPipelineSteps = 4;
+
+bool copyOnly(CollKind k) { return k == CollKind::kAllGather || k == CollKind::kBroadcast; }
+bool p2p(CollKind k) { return k == CollKind::kSend || k == CollKind::kRecv; }
+
+// Channels and protocol of one collective.
+struct Shape {
+  int nch;
+  int proto;
+};
+Shape shapeOf(const Config& cfg, const CollArgs& op) {
+  size_t total = op.count * dtypeSize(op.dtype);
+  if (op.kind == CollKind::kAllGather || op.kind == CollKind::kReduceScatter)
+    total *= size_t(cfg.nranks);
+  const int nch =
+      cfg.nranks == 1
+          ? 1
+          : int(std::clamp<size_t>(total / cfg.channelBytes, 1, size_t(cfg.maxChannels)));
+  const int proto = cfg.proto >= 0
+                        ? cfg.proto
+                        : (total / size_t(nch) <= cfg.llMaxBytes ? dev::kLL : dev::kSimple);
+  return {nch, proto};
+}
+
+uint64_t* ctrlWord(transport::FifoCtrl* ctrl, size_t offset) {
+  return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(ctrl) + offset);
+}
+
+void fillChannels(const Config& cfg, const LinkFn& link, dev::DevWork* w, int nch) {
+  const int n = cfg.nranks, r = cfg.rank;
+  w->rank = r;
+  w->nranks = n;
+  for (int c = 0; c < nch && n > 1; ++c) {
+    w->ch[c].send = devConn(link((r + 1) % n, c, true));
+    w->ch[c].recv = devConn(link((r + n - 1) % n, c, false));
+  }
+}
+
+}  // namespace
+
+dev::DevConn devConn(const transport::FifoView* f) {
+  dev::DevConn c;
+  if (!f) return c;
+  c.tail = ctrlWord(f->ctrl, offsetof(transport::FifoCtrl, tail));
+  c.head = ctrlWord(f->ctrl, offsetof(transport::FifoCtrl, head));
+  c.step = f->ownStep;
+  c.broken = reinterpret_cast<uint32_t*>(ctrlWord(f->ctrl, offsetof(transport::FifoCtrl, broken)));
+  c.sizes = ctrlWord(f->ctrl, offsetof(transport::FifoCtrl, sizes));
+  c.slots = f->slots;
+  c.slotBytes = f->slotBytes;
+  c.ll = f->ll;
+  c.llSlotBytes = f->llSlotBytes;
+  c.peer = f->peer;
+  return c;
+}
+
+std::vector<LinkNeed> linkNeeds(const Config& cfg, const CollArgs* ops, size_t nops) {
+  const int n = cfg.nranks, r = cfg.rank;
+  std::vector<LinkNeed> needs;
+  int ring = 0;
+  for (size_t i = 0; i < nops; ++i) {
+    const CollArgs& op = ops[i];
+    if (p2p(op.kind)) {
+      if (op.root != r) needs.push_back({op.root, 0, op.kind == CollKind::kSend});
+    } else if (n > 1) {
+      ring = std::max(ring, shapeOf(cfg, op).nch);
+    }
+  }
+  for (int c = 0; c < ring; ++c) {
+    needs.push_back({(r + 1) % n, c, true});
+    needs.push_back({(r + n - 1) % n, c, false});
+  }
+  return needs;
+}
+
+Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& link,
+            const std::function<uint64_t()>& nextSeq, Plan* out) {
+  const int n = cfg.nranks, r = cfg.rank;
+  const transport::FifoView* ring = n > 1 ? link((r + 1) % n, 0, true) : nullptr;
+  // Collectives: consecutive ones with the same kernel share a launch.
+  for (size_t i = 0; i < nops; ++i) {
+    const CollArgs& op = ops[i];
+    if (p2p(op.kind)) continue;
+    const Shape sh = shapeOf(cfg, op);
+    const size_t elem = dtypeSize(op.dtype);
+    const bool bytes = copyOnly(op.kind);
+    const size_t unit = bytes ? 1 : elem;
+    const size_t count = op.count * (bytes ? elem : 1);
+    if (n > 1 && !ring) return internalError("device plan: no ring link to the next rank");
+    // A slot's worth of units (LL: half of each line is flags).
+    const size_t slotBytes = n == 1                 ? cfg.oneRankChunkBytes
+                             : sh.proto == dev::kLL ? ring->llSlotBytes / 2
+                                                    : ring->slotBytes;
+    const size_t slotUnits = std::max<size_t>(1, slotBytes / unit);
+    const size_t perRankShare = op.kind == CollKind::kAllReduce ? count / size_t(n) : count;
+    size_t chunk = slotUnits;
+    if (sh.proto == dev::kSimple && n > 1) {
+      const size_t minUnits = std::max<size_t>(kMinChunkBytes / unit, 1);
+      chunk = std::min(
+          slotUnits,
+          std::max(minUnits, (perRankShare / size_t(sh.nch) / kPipelineSteps + 63) / 64 * 64));
+    }
+    dev::DevOp d;
+    d.kind = static_cast<int32_t>(op.kind);
+    d.root = op.root;
+    d.send = op.send;
+    d.recv = op.recv;
+    d.count = count;
+    d.stride = count;
+    d.per = ((count + size_t(sh.nch) - 1) / size_t(sh.nch) + 63) / 64 * 64;
+    d.chunk = chunk;
+    d.nch = sh.nch;
+    d.proto = sh.proto;
+    d.hasPre = op.red.pre;
+    memcpy(d.preScalar, op.red.scalar, sizeof(d.preScalar));
+    d.preScalarPtr = op.red.scalarPtr;
+    d.hasPost = op.red.post;
+    d.seq = nextSeq();
+    const int dtype = bytes ? 1 /* ncclUint8 */ : op.dtype;
+    const int fn = bytes ? int(dev::kFnSum) : op.red.fn;
+    std::vector<Launch>& ls = out->launches;
+    if (ls.empty() || ls.back().dtype != dtype || ls.back().fn != fn ||
+        ls.back().proto != sh.proto || ls.back().work.nops == dev::kMaxOps) {
+      ls.push_back(Launch{dtype, fn, sh.proto, 0, dev::DevWork{}});
+    }
+    Launch& l = ls.back();
+    l.work.ops[l.work.nops++] = d;
+    l.blocks = std::max(l.blocks, sh.nch);
+  }
+  for (Launch& l : out->launches) fillChannels(cfg, link, &l.work, l.blocks);
+
+  // Sends and receives: one launch, a block per (peer, direction) so that all progress at
+  // once, and ops on one FIFO run in order on its block; sends to itself meet receives from
+  // itself as copies.
+  Launch l{1, dev::kFnSum, dev::kSimple, 0, dev::DevWork{}};
+  std::vector<std::pair<int, int>> blocks;  // (peer, kind) per block
+  std::vector<const CollArgs*> selfSends, selfRecvs;
+  for (size_t i = 0; i < nops; ++i) {
+    const CollArgs& op = ops[i];
+    if (!p2p(op.kind)) continue;
+    if (op.root == r) {
+      (op.kind == CollKind::kSend ? selfSends : selfRecvs).push_back(&op);
+      continue;
+    }
+    if (l.work.nops == dev::kMaxOps) {
+      return invalidUsage("rank " + std::to_string(r) + ": a group of more than " +
+                          std::to_string(dev::kMaxOps) +
+                          " sends and receives on GPU buffers is not supported yet");
+    }
+    const std::pair<int, int> key{op.root, static_cast<int>(op.kind)};
+    auto it = std::find(blocks.begin(), blocks.end(), key);
+    if (it == blocks.end()) it = blocks.insert(blocks.end(), key);
+    const transport::FifoView* f = link(op.root, 0, op.kind == CollKind::kSend);
+    if (!f) return internalError("device plan: no link to rank " + std::to_string(op.root));
+    dev::DevOp d;
+    d.kind = static_cast<int32_t>(op.kind);
+    d.root = op.root;
+    d.send = op.send;
+    d.recv = op.recv;
+    d.count = op.count * dtypeSize(op.dtype);
+    d.block = int(it - blocks.begin());
+    d.conn = devConn(f);
+    d.chunk = f->slotBytes;
+    d.seq = nextSeq();
+    l.work.ops[l.work.nops++] = d;
+  }
+  if (selfSends.size() != selfRecvs.size()) {
+    return invalidUsage("rank " + std::to_string(r) + ": " + std::to_string(selfSends.size()) +
+                        " sends to itself but " + std::to_string(selfRecvs.size()) +
+                        " receives from itself in one group");
+  }
+  for (size_t i = 0; i < selfSends.size(); ++i) {
+    const size_t s = selfSends[i]->count * dtypeSize(selfSends[i]->dtype);
+    const size_t d = selfRecvs[i]->count * dtypeSize(selfRecvs[i]->dtype);
+    if (s != d) {
+      return invalidUsage("rank " + std::to_string(r) + " sends " + std::to_string(s) +
+                          " bytes to itself where it receives " + std::to_string(d));
+    }
+    out->copies.push_back({selfSends[i]->send, selfRecvs[i]->recv, s});
+  }
+  if (l.work.nops > 0) {
+    l.blocks = int(blocks.size());
+    fillChannels(cfg, link, &l.work, 0);
+    out->launches.push_back(l);
+  }
+  return Status::Ok();
+}
+
+}  // namespace tutti::devplan

@@ -1,0 +1,61 @@
+// Planning a group's operations on GPU buffers into kernel launches: channels (blocks),
+// protocol, chunk sizes, which links each block uses. Pure host code with no CUDA calls, so
+// the same planner feeds the CUDA engine and the CPU emulation of the kernels in the tests.
+// Every rank derives the same plan from the same calls and the shared peer table.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "kernels/cuda/dev_work.h"
+#include "runtime/coll_args.h"
+#include "runtime/links.h"
+#include "runtime/status.h"
+
+namespace tutti::devplan {
+
+struct Config {
+  int rank = 0;
+  int nranks = 1;
+  int maxChannels = 4;
+  size_t llMaxBytes = 64 << 10;        // LL when a channel's share is at most this
+  size_t channelBytes = 512 << 10;     // another channel per this many bytes
+  int proto = -1;                      // NCCL_PROTO: dev::kSimple, dev::kLL, -1 automatic
+  size_t oneRankChunkBytes = 4 << 20;  // a communicator of one rank: bytes per copy step
+};
+
+// A kernel launch: which kernel (datatype as ncclDataType_t, dev::Fn, dev::Proto), how many
+// blocks, and its work (abortFlag, err and timeoutNs are the engine's to fill).
+struct Launch {
+  int dtype = 1;
+  int fn = dev::kFnSum;
+  int proto = dev::kSimple;
+  int blocks = 0;
+  dev::DevWork work;
+};
+// A rank's send to itself, met by its receive from itself: a device-to-device copy.
+struct Copy {
+  const void* src;
+  void* dst;
+  size_t bytes;
+};
+struct Plan {
+  std::vector<Launch> launches;
+  std::vector<Copy> copies;
+};
+
+// The links the operations need: the ring's on each channel, and one per send/recv peer.
+std::vector<LinkNeed> linkNeeds(const Config& cfg, const CollArgs* ops, size_t n);
+
+// link(peer, channel, send): the FIFO end, made beforehand from linkNeeds(). nextSeq numbers
+// the operations (the communicator's opCount).
+using LinkFn = std::function<const transport::FifoView*(int peer, int channel, bool send)>;
+Status plan(const Config& cfg, const CollArgs* ops, size_t n, const LinkFn& link,
+            const std::function<uint64_t()>& nextSeq, Plan* out);
+
+// A FIFO end as a kernel sees it (addresses only).
+dev::DevConn devConn(const transport::FifoView* f);
+
+}  // namespace tutti::devplan

@@ -1,0 +1,41 @@
+#include "emu/emu_launch.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/cuda/coll_kernel.cuh"
+
+#define TUTTI_EMU_TYPES(X)                                                                     \
+  X(emu_int8, 0)                                                                               \
+  X(emu_uint8, 1) X(emu_int32, 2) X(emu_uint32, 3) X(emu_int64, 4) X(emu_uint64, 5)            \
+      X(emu_float16, 6) X(emu_float, 7) X(emu_double, 8) X(emu_bfloat16, 9) X(emu_fp8e4m3, 10) \
+          X(emu_fp8e5m2, 11)
+#define TUTTI_DECLARE(NAME, DTYPE) void tuttiRegisterKernels_##NAME(void** table);
+TUTTI_EMU_TYPES(TUTTI_DECLARE)
+#undef TUTTI_DECLARE
+
+namespace {
+
+using Kernel = void (*)(tutti::dev::DevWork);
+
+struct Table {
+  void* k[tutti::dev::kNumDtypes][tutti::dev::kNumFns * tutti::dev::kNumProtos] = {};
+  Table() {
+#define TUTTI_REGISTER(NAME, DTYPE) tuttiRegisterKernels_##NAME(k[DTYPE]);
+    TUTTI_EMU_TYPES(TUTTI_REGISTER)
+#undef TUTTI_REGISTER
+  }
+};
+
+}  // namespace
+
+void emuLaunch(int dtype, int fn, int proto, unsigned blocks, unsigned threads, const void* work) {
+  static const Table table;
+  auto k = reinterpret_cast<Kernel>(table.k[dtype][fn * tutti::dev::kNumProtos + proto]);
+  if (!k) {
+    fprintf(stderr, "emuLaunch: no kernel for %d/%d/%d\n", dtype, fn, proto);
+    abort();
+  }
+  const tutti::dev::DevWork w = *static_cast<const tutti::dev::DevWork*>(work);
+  tutti::dev::emu::launch(blocks, threads, [&] { k(w); });
+}

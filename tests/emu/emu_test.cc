@@ -1,0 +1,337 @@
+// The GPU data path's own code -- the planner (runtime/device_plan.cc), the device primitives
+// of both protocols and the kernel (kernels/cuda) -- run on the CPU: every CUDA thread a
+// std::thread (kernels/cuda/dev_emu.h), FIFOs in host memory laid out as the p2p transport
+// lays them out, ranks as threads. The correctness matrix runs through it, so CI checks the
+// kernels' step arithmetic, LL lines, slot sizes, channel shares, reductions and failure
+// handling without a GPU. What it cannot check: the GPU's memory model, warp execution,
+// the CUDA calls of runtime/device_engine.cc and transports/p2p (tests/gpu does, on a GPU).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/matrix.h"
+#include "emu/emu_launch.h"
+#include "harness/harness.h"
+#include "kernels/cuda/dev_work.h"
+#include "runtime/device_plan.h"
+#include "runtime/dtype.h"
+#include "transports/transport.h"
+
+using namespace tutti;
+using namespace tutti::test;
+
+namespace {
+
+constexpr size_t kSlotBytes = 1024;    // NCCL_BUFFSIZE 8192, as the other matrices
+constexpr size_t kLlSlotBytes = 1024;  // 512 payload bytes per LL step
+constexpr unsigned kThreadsPerBlock = 2;
+
+// One FIFO (sender -> receiver, one channel) in host memory: control block, Simple slots, LL
+// slots, and the sender's own step word.
+struct EmuFifo {
+  char* mem = nullptr;
+  uint64_t ownStep = 0;
+  transport::FifoView send, recv;
+  EmuFifo(int from, int to, int channel) {
+    const size_t bytes =
+        sizeof(transport::FifoCtrl) + transport::kSteps * (kSlotBytes + kLlSlotBytes);
+    mem = static_cast<char*>(aligned_alloc(64, bytes));
+    memset(mem, 0, bytes);
+    auto* ctrl = new (mem) transport::FifoCtrl();
+    ctrl->tail.store(0);
+    ctrl->head.store(0);
+    ctrl->broken.store(0);
+    for (transport::FifoView* v : {&send, &recv}) {
+      v->ctrl = ctrl;
+      v->slots = mem + sizeof(transport::FifoCtrl);
+      v->slotBytes = kSlotBytes;
+      v->ll = v->slots + transport::kSteps * kSlotBytes;
+      v->llSlotBytes = kLlSlotBytes;
+      v->channel = channel;
+      v->deviceMemory = true;
+    }
+    send.peer = to;
+    send.ownStep = &ownStep;
+    recv.peer = from;
+  }
+  ~EmuFifo() { free(mem); }
+  bool broken() const { return send.ctrl->broken.load() != 0; }
+};
+
+// Every FIFO of an n-rank communicator, and each rank's view of them.
+struct EmuComm {
+  int n;
+  devplan::Config cfg;
+  std::vector<std::unique_ptr<EmuFifo>> fifos;  // [(from * n + to) * kMaxChannels + channel]
+  struct RankState {
+    uint32_t abort = 0;
+    uint32_t claim = 0;
+    dev::DevError err{};
+    uint64_t seq = 0;
+  };
+  std::vector<std::unique_ptr<RankState>> ranks;
+  uint64_t timeoutNs = 60ull * 1000000000ull;
+
+  explicit EmuComm(int n, int proto = -1) : n(n) {
+    cfg.nranks = n;
+    cfg.maxChannels = 2;
+    cfg.channelBytes = 2048;  // two channels from 2 KiB on
+    cfg.llMaxBytes = 1024;    // LL up to 1 KiB per channel, Simple above
+    cfg.proto = proto;
+    cfg.oneRankChunkBytes = 4096;
+    for (int i = 0; i < n * n * dev::kMaxChannels; ++i) {
+      const int c = i % dev::kMaxChannels, to = (i / dev::kMaxChannels) % n,
+                from = i / dev::kMaxChannels / n;
+      fifos.push_back(std::make_unique<EmuFifo>(from, to, c));
+    }
+    for (int r = 0; r < n; ++r) ranks.push_back(std::make_unique<RankState>());
+  }
+  EmuFifo& fifo(int from, int to, int c) {
+    return *fifos[size_t((from * n + to) * dev::kMaxChannels + c)];
+  }
+
+  // Runs one group of operations on rank r to completion; "" or the error.
+  std::string run(int r, const std::vector<CollArgs>& ops) {
+    devplan::Config c = cfg;
+    c.rank = r;
+    RankState& st = *ranks[size_t(r)];
+    auto link = [&](int peer, int ch, bool send) -> const transport::FifoView* {
+      return send ? &fifo(r, peer, ch).send : &fifo(peer, r, ch).recv;
+    };
+    devplan::Plan plan;
+    Status s = devplan::plan(
+        c, ops.data(), ops.size(), link, [&] { return st.seq++; }, &plan);
+    if (!s.ok()) return "plan: " + s.message();
+    for (const devplan::Copy& cp : plan.copies) memcpy(cp.dst, cp.src, cp.bytes);
+    for (devplan::Launch& l : plan.launches) {
+      l.work.abortFlag = &st.abort;
+      l.work.err = &st.err;
+      l.work.errClaim = &st.claim;
+      l.work.timeoutNs = timeoutNs;
+      emuLaunch(l.dtype, l.fn, l.proto, unsigned(l.blocks), kThreadsPerBlock, &l.work);
+    }
+    const uint32_t code = __atomic_load_n(&st.err.code, __ATOMIC_ACQUIRE);
+    if (code != dev::kErrNone) {
+      return "kernel error " + std::to_string(code) + " waiting for rank " +
+             std::to_string(st.err.peer) + " on channel " + std::to_string(st.err.channel);
+    }
+    return "";
+  }
+};
+
+CollArgs args(CollKind kind, const void* send, void* recv, size_t count, int dtype, int root,
+              const RedOpSpec& red = {}) {
+  return CollArgs{kind, "emu", send, recv, count, dtype, 0, red, root, nullptr, true};
+}
+
+// The matrix case as the operations an NCCL call would queue, on rank r.
+std::vector<CollArgs> opsFor(const Case& c, int r, int n, const void* send, void* recv,
+                             const uint8_t* scalar) {
+  RedOpSpec red;
+  if (c.op == ncclAvg) {
+    red.fn = 0;
+    red.post = true;
+  } else if (isPreMul(c.op)) {
+    red.fn = 0;
+    red.pre = true;
+    memcpy(red.scalar, scalar, 8);
+    if (c.op == kPreMulDevice) red.scalarPtr = scalar;
+  } else {
+    red.fn = c.op;
+  }
+  const size_t block = c.count * dtypeSize(c.dtype);
+  auto at = [&](const void* base, int q) {
+    return static_cast<char*>(const_cast<void*>(base)) + block * size_t(q);
+  };
+  std::vector<CollArgs> ops;
+  switch (c.coll) {
+    case TestColl::kAllReduce:
+      ops.push_back(args(CollKind::kAllReduce, send, recv, c.count, c.dtype, 0, red));
+      break;
+    case TestColl::kAllGather:
+      ops.push_back(args(CollKind::kAllGather, send, recv, c.count, c.dtype, 0));
+      break;
+    case TestColl::kReduceScatter:
+      ops.push_back(args(CollKind::kReduceScatter, send, recv, c.count, c.dtype, 0, red));
+      break;
+    case TestColl::kBroadcast:
+      ops.push_back(args(CollKind::kBroadcast, send, recv, c.count, c.dtype, c.root));
+      break;
+    case TestColl::kReduce:
+      ops.push_back(args(CollKind::kReduce, send, recv, c.count, c.dtype, c.root, red));
+      break;
+    case TestColl::kSendRecv:
+      ops.push_back(args(CollKind::kSend, send, nullptr, c.count, c.dtype, (r + 1) % n));
+      ops.push_back(args(CollKind::kRecv, nullptr, recv, c.count, c.dtype, (r + n - 1) % n));
+      break;
+    case TestColl::kAlltoAll:
+      for (int q = 0; q < n; ++q) {
+        ops.push_back(args(CollKind::kSend, at(send, q), nullptr, c.count, c.dtype, q));
+        ops.push_back(args(CollKind::kRecv, nullptr, at(recv, q), c.count, c.dtype, q));
+      }
+      break;
+    case TestColl::kGather:
+      ops.push_back(args(CollKind::kSend, send, nullptr, c.count, c.dtype, c.root));
+      for (int q = 0; q < n && r == c.root; ++q)
+        ops.push_back(args(CollKind::kRecv, nullptr, at(recv, q), c.count, c.dtype, q));
+      break;
+    case TestColl::kScatter:
+      for (int q = 0; q < n && r == c.root; ++q)
+        ops.push_back(args(CollKind::kSend, at(send, q), nullptr, c.count, c.dtype, q));
+      ops.push_back(args(CollKind::kRecv, nullptr, recv, c.count, c.dtype, c.root));
+      break;
+  }
+  return ops;
+}
+
+struct EmuSetup {
+  int nranks;
+  int proto;  // -1: by size (LL up to 1 KiB per channel)
+};
+
+void PrintTo(const EmuSetup& s, std::ostream* os) {
+  *os << s.nranks << " ranks, protocol "
+      << (s.proto < 0           ? "by size"
+          : s.proto == dev::kLL ? "LL"
+                                : "Simple");
+}
+
+std::string emuName(const ::testing::TestParamInfo<EmuSetup>& info) {
+  return std::to_string(info.param.nranks) + "ranks_" +
+         (info.param.proto < 0           ? "auto"
+          : info.param.proto == dev::kLL ? "LL"
+                                         : "Simple");
+}
+
+class EmuMatrix : public ::testing::TestWithParam<EmuSetup> {};
+
+TEST_P(EmuMatrix, DeviceKernelsOnTheCpuMatchTheOracle) {
+  const EmuSetup s = GetParam();
+  EmuComm comm(s.nranks, s.proto);
+  const std::vector<Case> cases = matrixCases(s.nranks, kSlotBytes * transport::kSteps);
+  std::mutex mu;
+  std::vector<std::string> failures;
+  onThreads(s.nranks, [&](int r) {
+    size_t reported = 0;
+    for (const Case& c : cases) {
+      std::string bad =
+          runCaseWith(r, s.nranks, c, [&](const void* send, void* recv, const uint8_t* scalar) {
+            return comm.run(r, opsFor(c, r, s.nranks, send, recv, scalar));
+          });
+      if (!bad.empty() && reported++ < 10) {
+        std::lock_guard<std::mutex> lock(mu);
+        failures.push_back(bad);
+      }
+    }
+  });
+  for (const std::string& f : failures) ADD_FAILURE() << f;
+  RecordProperty("cases", int(cases.size()));
+}
+
+// Every communicator size of DESIGN.md; each protocol forced once beside the size rule.
+INSTANTIATE_TEST_SUITE_P(Threads, EmuMatrix,
+                         ::testing::Values(EmuSetup{1, -1}, EmuSetup{2, -1}, EmuSetup{2, dev::kLL},
+                                           EmuSetup{3, dev::kSimple}, EmuSetup{4, -1},
+                                           EmuSetup{5, dev::kLL}, EmuSetup{8, -1}),
+                         emuName);
+
+std::vector<float> filled(size_t n, float v) { return std::vector<float>(n, v); }
+
+// A receiver that expects another message than the sender sends fails with the sizes, on
+// the first differing step and on a missing last step, instead of taking the wrong bytes.
+TEST(EmuFailures, SendRecvSizeMismatchIsCaught) {
+  for (auto [sendCount, recvCount] : {std::pair<size_t, size_t>{100, 200},       // one step each
+                                      std::pair<size_t, size_t>{1536, 1024}}) {  // 6 vs 4 slots
+    EmuComm comm(2);
+    std::vector<float> a = filled(sendCount, 1), b = filled(recvCount, 0);
+    std::string e0, e1;
+    std::thread t([&] {
+      e0 = comm.run(0, {args(CollKind::kSend, a.data(), nullptr, sendCount, ncclFloat, 1)});
+    });
+    e1 = comm.run(1, {args(CollKind::kRecv, nullptr, b.data(), recvCount, ncclFloat, 0)});
+    comm.ranks[0]->abort = 1;  // the sender may still wait for room the receiver never frees
+    t.join();
+    EXPECT_NE(e1.find("kernel error 3"), std::string::npos)
+        << sendCount << " vs " << recvCount << ": " << e1;
+    EXPECT_EQ(comm.ranks[1]->err.peer, 0);
+    EXPECT_TRUE(comm.fifo(0, 1, 0).broken()) << "the receiver marks the link broken";
+  }
+}
+
+// A rank waiting for a peer that never comes: the abort word ends it (code 1), the FIFOs it
+// used are marked broken, and a rank waiting on a broken FIFO gives up too (code 4).
+TEST(EmuFailures, AbortEndsTheWaitAndBreaksTheLinks) {
+  EmuComm comm(2);
+  std::vector<float> a = filled(4096, 1);
+  std::string e0;
+  std::thread t([&] {
+    e0 = comm.run(0, {args(CollKind::kAllReduce, a.data(), a.data(), a.size(), ncclFloat, 0)});
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  __atomic_store_n(&comm.ranks[0]->abort, 1u, __ATOMIC_RELEASE);
+  t.join();
+  EXPECT_NE(e0.find("kernel error 1"), std::string::npos) << e0;
+  EXPECT_TRUE(comm.fifo(0, 1, 0).broken() || comm.fifo(1, 0, 0).broken());
+
+  // Rank 1 comes late: its first wait sees the broken link instead of waiting for ever.
+  std::vector<float> b = filled(4096, 1);
+  const std::string e1 =
+      comm.run(1, {args(CollKind::kAllReduce, b.data(), b.data(), b.size(), ncclFloat, 0)});
+  EXPECT_NE(e1.find("kernel error 4"), std::string::npos) << e1;
+}
+
+// No progress for the deadline: the wait gives up with code 2 and names the peer.
+TEST(EmuFailures, ALonelyRankTimesOutNamingItsPeer) {
+  EmuComm comm(3);
+  comm.timeoutNs = 200 * 1000000ull;
+  std::vector<float> a = filled(64, 1);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string e =
+      comm.run(1, {args(CollKind::kAllReduce, a.data(), a.data(), a.size(), ncclFloat, 0)});
+  EXPECT_NE(e.find("kernel error 2"), std::string::npos) << e;
+  EXPECT_EQ(comm.ranks[1]->err.peer, 0) << "rank 1 receives from rank 0 first";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+// Operations after operations: each kernel finds its FIFO position in the counters, across
+// launches, protocols and send/recv on the ring's own FIFO.
+TEST(EmuSteps, MixedSequencesKeepBothEndsInStep) {
+  EmuComm comm(3);
+  std::mutex mu;
+  std::vector<std::string> bad;
+  onThreads(3, [&](int r) {
+    for (int round = 0; round < 6; ++round) {
+      const size_t count = size_t(1) << (2 * round + 1);  // 2 .. 2048 floats: LL and Simple
+      std::vector<float> x = filled(count, float(r + 1));
+      std::string e =
+          comm.run(r, {args(CollKind::kAllReduce, x.data(), x.data(), count, ncclFloat, 0)});
+      for (size_t i = 0; i < count && e.empty(); ++i)
+        if (x[i] != 6.0f)
+          e = "allreduce element " + std::to_string(i) + " = " + std::to_string(x[i]);
+      std::vector<float> in = filled(count, float(r)), out = filled(count, -1);
+      if (e.empty()) {
+        e = comm.run(r,
+                     {args(CollKind::kSend, in.data(), nullptr, count, ncclFloat, (r + 1) % 3),
+                      args(CollKind::kRecv, nullptr, out.data(), count, ncclFloat, (r + 2) % 3)});
+      }
+      for (size_t i = 0; i < count && e.empty(); ++i)
+        if (out[i] != float((r + 2) % 3)) e = "recv element " + std::to_string(i);
+      if (!e.empty()) {
+        std::lock_guard<std::mutex> lock(mu);
+        bad.push_back("rank " + std::to_string(r) + " round " + std::to_string(round) + ": " + e);
+        return;
+      }
+    }
+  });
+  for (const std::string& b : bad) ADD_FAILURE() << b;
+}
+
+}  // namespace

@@ -1,0 +1,309 @@
+// The GPU data path (label "gpu"): collectives on device buffers as kernels, ranks sharing
+// the one GPU as threads and as processes, both protocols, the p2p transport in GPU memory and
+// through mapped host memory (NCCL_P2P_DISABLE=1), one stream shared by every rank, CUDA
+// graph capture, abort and the kernels' deadline. Every test skips, saying why, where no GPU
+// is present.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/matrix.h"
+#include "harness/harness.h"
+
+using namespace tutti::test;
+
+namespace {
+
+constexpr size_t kFifoBytes = 8192;  // NCCL_BUFFSIZE: 1 KiB Simple slots
+
+std::string noGpuReason() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no usable CUDA device: ") + cudaGetErrorString(e);
+  }
+  return n > 0 ? "" : "no CUDA device";
+}
+
+#define SKIP_WITHOUT_GPU()                                  \
+  do {                                                      \
+    std::string why = noGpuReason();                        \
+    if (!why.empty()) GTEST_SKIP() << why << " (GPU test)"; \
+  } while (0)
+
+// Small slots everywhere, so the matrix's counts cross many steps of both protocols, and
+// several channels even for small operations.
+struct SmallFifos {
+  ScopedEnv buff{"NCCL_BUFFSIZE", std::to_string(kFifoBytes).c_str()};
+  ScopedEnv ll{"TUTTI_LL_SLOT_BYTES", "1024"};
+  ScopedEnv ch{"TUTTI_DEV_CHANNEL_BYTES", "4096"};
+  ScopedEnv timeout{"TUTTI_TIMEOUT", "60"};
+};
+
+struct GpuSetup {
+  int nranks;
+  const char* proto;  // NCCL_PROTO, or "" for the automatic choice
+  bool p2pDisabled;   // FIFOs in mapped host memory instead of GPU memory
+};
+
+void PrintTo(const GpuSetup& s, std::ostream* os) {
+  *os << s.nranks << " ranks, protocol " << (s.proto[0] ? s.proto : "auto") << ", "
+      << (s.p2pDisabled ? "mapped host memory" : "GPU memory") << " FIFOs";
+}
+
+std::string gpuName(const ::testing::TestParamInfo<GpuSetup>& info) {
+  return std::to_string(info.param.nranks) + "ranks_" +
+         (info.param.proto[0] ? info.param.proto : "auto") +
+         (info.param.p2pDisabled ? "_mapped" : "_p2p");
+}
+
+class GpuMatrix : public ::testing::TestWithParam<GpuSetup> {};
+
+TEST_P(GpuMatrix, EveryCollectiveOnDeviceBuffersMatchesTheOracle) {
+  SKIP_WITHOUT_GPU();
+  const GpuSetup s = GetParam();
+  SmallFifos fifos;
+  ScopedEnv proto("NCCL_PROTO", s.proto[0] ? s.proto : nullptr);
+  ScopedEnv p2p("NCCL_P2P_DISABLE", s.p2pDisabled ? "1" : nullptr);
+  std::vector<ncclComm_t> comms = initThreads(s.nranks);
+  ASSERT_EQ(comms.size(), size_t(s.nranks));
+  const std::vector<Case> cases = matrixCases(s.nranks, kFifoBytes);
+  std::mutex mu;
+  std::vector<std::string> failures;
+  onThreads(s.nranks, [&](int rank) {
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    std::vector<std::string> bad =
+        runCases(comms[size_t(rank)], rank, s.nranks, cases, 10, Memory::kDevice, stream);
+    cudaStreamDestroy(stream);
+    std::lock_guard<std::mutex> lock(mu);
+    failures.insert(failures.end(), bad.begin(), bad.end());
+  });
+  destroyAll(comms);
+  for (const std::string& f : failures) ADD_FAILURE() << f;
+  RecordProperty("cases", int(cases.size()));
+}
+
+// Every communicator size of DESIGN.md, both protocols and the automatic choice, and the
+// mapped-memory path, each at least once.
+INSTANTIATE_TEST_SUITE_P(Threads, GpuMatrix,
+                         ::testing::Values(GpuSetup{1, "", false}, GpuSetup{2, "LL", false},
+                                           GpuSetup{2, "Simple", true},
+                                           GpuSetup{3, "Simple", false}, GpuSetup{4, "", false},
+                                           GpuSetup{4, "LL", true}, GpuSetup{5, "LL", false},
+                                           GpuSetup{8, "Simple", false}, GpuSetup{8, "", false}),
+                         gpuName);
+
+TEST(GpuProcesses, MatrixOnDeviceBuffersWithFourProcessesOnOneGpu) {
+  SKIP_WITHOUT_GPU();
+  RunResult r = runShell(std::string("NCCL_BUFFSIZE=8192 TUTTI_LL_SLOT_BYTES=1024 "
+                                     "TUTTI_DEV_CHANNEL_BYTES=4096 TUTTI_TIMEOUT=60 ") +
+                         TUTTI_RUN_BIN + " -n 4 " + TUTTI_TEST_RANK_BIN + " coll-device 2>&1");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("cases passed on rank 3"), std::string::npos) << r.output;
+}
+
+// Device buffers filled with v, one per rank.
+struct RankBuffers {
+  std::vector<float*> bufs;
+  size_t count;
+  RankBuffers(int n, size_t count) : count(count) {
+    for (int r = 0; r < n; ++r) {
+      float* p = nullptr;
+      EXPECT_EQ(cudaMalloc(&p, count * sizeof(float)), cudaSuccess);
+      bufs.push_back(p);
+    }
+  }
+  ~RankBuffers() {
+    for (float* p : bufs) cudaFree(p);
+  }
+  void fill(int r, float v) {
+    std::vector<float> h(count, v);
+    EXPECT_EQ(cudaMemcpy(bufs[size_t(r)], h.data(), count * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  // "" or what differs from want.
+  std::string check(int r, float want) {
+    std::vector<float> h(count);
+    if (cudaMemcpy(h.data(), bufs[size_t(r)], count * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+      return "cudaMemcpy failed";
+    for (size_t i = 0; i < count; ++i) {
+      if (h[i] != want) {
+        return "rank " + std::to_string(r) + " element " + std::to_string(i) + ": " +
+               std::to_string(h[i]) + ", expected " + std::to_string(want);
+      }
+    }
+    return "";
+  }
+};
+
+// One thread drives every rank (ncclCommInitAll, the device listed four times) and passes the
+// same stream to all: the group must launch every kernel before any can block the stream.
+TEST(GpuStreams, FourRanksSharingOneStreamInOneGroupComplete) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 4;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  ncclComm_t comms[n];
+  int devs[n] = {0, 0, 0, 0};
+  ASSERT_EQ(ncclCommInitAll(comms, n, devs), ncclSuccess) << ncclGetLastError(nullptr);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  for (size_t count : {size_t(1), size_t(1000), size_t(1) << 20}) {
+    RankBuffers b(n, count);
+    for (int r = 0; r < n; ++r) b.fill(r, float(r + 1));
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], count, ncclFloat, ncclSum,
+                              comms[r], stream),
+                ncclSuccess);
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(b.check(r, 10.0f), "") << "count " << count;
+  }
+  for (ncclComm_t c : comms) ncclCommDestroy(c);
+  cudaStreamDestroy(stream);
+}
+
+// Captured once into a CUDA graph, replayed with new inputs: each replay all-reduces them.
+TEST(GpuGraphs, CapturedAllReduceGivesTheRightResultOnEveryReplay) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 2;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  std::vector<ncclComm_t> comms = initThreads(n);
+  RankBuffers b(n, 4096);
+  std::mutex mu;
+  std::vector<std::string> failures;
+  onThreads(n, [&](int r) {
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    auto fail = [&](const std::string& what) {
+      std::lock_guard<std::mutex> lock(mu);
+      failures.push_back("rank " + std::to_string(r) + ": " + what);
+    };
+    float* buf = b.bufs[size_t(r)];
+    // Eager first: the links are made outside the capture.
+    b.fill(r, 1.0f);
+    if (ncclAllReduce(buf, buf, b.count, ncclFloat, ncclSum, comms[size_t(r)], s) != ncclSuccess)
+      return fail(std::string("eager: ") + ncclGetLastError(comms[size_t(r)]));
+    cudaStreamSynchronize(s);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+      return fail("cudaStreamBeginCapture");
+    ncclResult_t res = ncclAllReduce(buf, buf, b.count, ncclFloat, ncclSum, comms[size_t(r)], s);
+    if (cudaStreamEndCapture(s, &graph) != cudaSuccess || res != ncclSuccess)
+      return fail(std::string("capture: ") + ncclGetLastError(comms[size_t(r)]));
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return fail("instantiate");
+    for (int k = 1; k <= 3; ++k) {
+      b.fill(r, float(k * (r + 1)));
+      if (cudaGraphLaunch(exec, s) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess)
+        return fail("replay " + std::to_string(k));
+      std::string bad = b.check(r, float(k * 3));  // k*1 + k*2
+      if (!bad.empty()) return fail("replay " + std::to_string(k) + ": " + bad);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(s);
+  });
+  destroyAll(comms);
+  for (const std::string& f : failures) ADD_FAILURE() << f;
+}
+
+// Two ranks on threads that all-reduce once together (so their links exist); then rank 0
+// enqueues an all-reduce that rank 1 never joins.
+struct LonelyRank {
+  std::vector<ncclComm_t> comms = initThreads(2);
+  RankBuffers b{2, 1 << 14};
+  std::vector<cudaStream_t> streams = std::vector<cudaStream_t>(2);
+  LonelyRank() {
+    for (auto& s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    onThreads(2, [&](int r) {
+      EXPECT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], b.count, ncclFloat, ncclSum,
+                              comms[size_t(r)], streams[size_t(r)]),
+                ncclSuccess);
+      cudaStreamSynchronize(streams[size_t(r)]);
+    });
+    EXPECT_EQ(
+        ncclAllReduce(b.bufs[0], b.bufs[0], b.count, ncclFloat, ncclSum, comms[0], streams[0]),
+        ncclSuccess);
+  }
+  ~LonelyRank() {
+    for (auto& s : streams) cudaStreamDestroy(s);
+  }
+};
+
+// The lonely kernel spins until ncclCommAbort, which must end it promptly; the handle is then
+// refused.
+TEST(GpuAbort, AbortEndsAKernelWhosePeerNeverArrives) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv timeout("TUTTI_TIMEOUT", "600");
+  LonelyRank t;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(cudaStreamQuery(t.streams[0]), cudaErrorNotReady) << "the kernel did not wait";
+  const double start = now();
+  EXPECT_EQ(ncclCommAbort(t.comms[0]), ncclSuccess);
+  EXPECT_LT(secondsSince(start), 10.0);
+  EXPECT_EQ(cudaStreamSynchronize(t.streams[0]), cudaSuccess);
+  int count = 0;
+  EXPECT_EQ(ncclCommCount(t.comms[0], &count), ncclInvalidArgument);
+  ncclCommAbort(t.comms[1]);
+}
+
+// With a short TUTTI_TIMEOUT the lonely kernel gives up by itself, and the error names the
+// rank, the operation and the peer it waited for; the next call on that comm is refused.
+TEST(GpuTimeout, AKernelThatWaitsTooLongReportsRankOperationAndPeer) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv timeout("TUTTI_TIMEOUT", "2");
+  LonelyRank t;
+  const double start = now();
+  EXPECT_EQ(cudaStreamSynchronize(t.streams[0]), cudaSuccess);
+  EXPECT_LT(secondsSince(start), 30.0);
+  ncclResult_t async = ncclSuccess;
+  EXPECT_EQ(ncclCommGetAsyncError(t.comms[0], &async), ncclSuccess);
+  EXPECT_NE(async, ncclSuccess);
+  const std::string msg = ncclGetLastError(t.comms[0]);
+  EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("AllReduce"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+  EXPECT_NE(ncclAllReduce(t.b.bufs[0], t.b.bufs[0], t.b.count, ncclFloat, ncclSum, t.comms[0],
+                          t.streams[0]),
+            ncclSuccess);
+  for (ncclComm_t c : t.comms) ncclCommAbort(c);
+}
+
+TEST(GpuValidation, HostAndDeviceBuffersInOneCallAreRefused) {
+  SKIP_WITHOUT_GPU();
+  std::vector<ncclComm_t> comms = initThreads(1);
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 64 * sizeof(float)), cudaSuccess);
+  std::vector<float> h(64, 1.0f);
+  EXPECT_EQ(ncclAllReduce(h.data(), d, 64, ncclFloat, ncclSum, comms[0], nullptr),
+            ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(comms[0])).find("one kind"), std::string::npos)
+      << ncclGetLastError(comms[0]);
+  cudaFree(d);
+  destroyAll(comms);
+}
+
+TEST(GpuValidation, DeviceBuffersOnACpuRankAreRefused) {
+  SKIP_WITHOUT_GPU();
+  ncclComm_t comm;
+  int devs[1] = {-1};
+  ASSERT_EQ(ncclCommInitAll(&comm, 1, devs), ncclSuccess) << ncclGetLastError(nullptr);
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 64 * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(ncclAllReduce(d, d, 64, ncclFloat, ncclSum, comm, nullptr), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(comm)).find("CPU rank"), std::string::npos)
+      << ncclGetLastError(comm);
+  cudaFree(d);
+  ncclCommDestroy(comm);
+}
+
+}  // namespace

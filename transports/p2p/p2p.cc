@@ -1,0 +1,322 @@
+// p2p: FIFOs for GPU ranks on one host, which device kernels read and write directly.
+//   device mode  -- the receiver allocates the FIFO (control block, Simple slots, LL slots) in
+//                   its GPU's memory; a sender in the same process uses the pointer (enabling
+//                   peer access when the GPUs differ), one in another process opens it with
+//                   CUDA IPC. Ranks that share one GPU use this too: it is how the whole GPU
+//                   path runs on a one-GPU machine.
+//   mapped mode  -- NCCL_P2P_DISABLE=1, or GPUs that cannot reach each other: the FIFO is a
+//                   POSIX shared-memory segment that both sides register with CUDA as mapped
+//                   host memory, so kernels on both GPUs reach it over PCIe (NCCL's "shm"
+//                   path for GPU buffers).
+// Host code never dereferences a FIFO of this transport: FifoView holds device addresses.
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+
+#include "runtime/comm.h"
+#include "runtime/env.h"
+#include "runtime/log.h"
+#include "transports/transport.h"
+
+namespace tutti::transport {
+namespace {
+
+enum Mode : int32_t { kDevice = 1, kMapped = 2 };
+
+struct P2pDesc {
+  uint64_t bytes;
+  uint64_t slotBytes;
+  uint64_t llSlotBytes;
+  uint64_t devPtr;  // device mode, same process
+  int32_t mode;
+  int32_t pad;
+  cudaIpcMemHandle_t ipc;  // device mode, other processes
+  char shmName[56];        // mapped mode
+};
+static_assert(sizeof(P2pDesc) <= sizeof(Descriptor));
+
+size_t fifoBytes(size_t slotBytes, size_t llSlotBytes) {
+  return sizeof(FifoCtrl) + kSteps * (slotBytes + llSlotBytes);
+}
+
+Status cudaFailed(const std::string& what, cudaError_t e) {
+  cudaGetLastError();  // not sticky for the application
+  return Status(Code::kCudaError, "p2p: " + what + ": " + cudaGetErrorString(e));
+}
+
+// The local device index of a PCI bus id, or -1.
+int deviceOfBus(const char* busId) {
+  int d = -1;
+  if (!busId[0] || cudaDeviceGetByPCIBusId(&d, busId) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return d;
+}
+
+class P2pConnection : public Connection {
+ public:
+  struct Memory {
+    Mode mode;
+    bool owner;         // the receiver: allocated it
+    bool ipcOpened;     // sender in another process: opened the handle
+    char* dev;          // the device address of the FIFO
+    uint64_t* ownStep;  // sender: its step word, in its own GPU memory
+    void* host;         // mapped mode: this process's mapping
+    size_t bytes;
+    std::string shmName;
+  };
+  P2pConnection(const ConnSpec& spec, size_t llSlotBytes, Memory m) : m_(std::move(m)) {
+    fifo_.ctrl = reinterpret_cast<FifoCtrl*>(m_.dev);
+    fifo_.slots = m_.dev + sizeof(FifoCtrl);
+    fifo_.slotBytes = spec.slotBytes;
+    fifo_.ll = fifo_.slots + kSteps * spec.slotBytes;
+    fifo_.llSlotBytes = llSlotBytes;
+    fifo_.peer = spec.peer;
+    fifo_.channel = spec.channel;
+    fifo_.conn = this;
+    fifo_.deviceMemory = true;
+    fifo_.ownStep = m_.ownStep;
+  }
+  ~P2pConnection() override {
+    if (m_.ownStep) cudaFree(m_.ownStep);
+    if (m_.mode == kDevice) {
+      if (m_.ipcOpened) cudaIpcCloseMemHandle(m_.dev);
+      if (m_.owner) cudaFree(m_.dev);
+    } else {
+      cudaHostUnregister(m_.host);
+      munmap(m_.host, m_.bytes);
+      if (m_.owner) shm_unlink(m_.shmName.c_str());
+    }
+    cudaGetLastError();
+  }
+  Status health() const override { return Status::Ok(); }
+  // The control block is GPU memory (device mode), which the host cannot write; a kernel
+  // waiting on a peer that left ends through its own communicator's abort flag or deadline.
+  void breakLink() override {
+    if (m_.mode == kMapped) static_cast<FifoCtrl*>(m_.host)->broken.store(1);
+  }
+  const char* transportName() const override { return m_.mode == kDevice ? "p2p" : "shm/mapped"; }
+
+ private:
+  Memory m_;
+};
+
+class P2pTransport : public Transport {
+ public:
+  explicit P2pTransport(Comm& comm) : comm_(comm) {
+    p2pDisabled_ = env::getBool("NCCL_P2P_DISABLE", false);
+    llSlotBytes_ =
+        size_t(std::clamp<int64_t>(env::getInt("TUTTI_LL_SLOT_BYTES", 16 << 10), 256, 1 << 20)) /
+        16 * 16;
+  }
+  const char* name() const override { return "p2p"; }
+
+  bool canConnect(const PeerInfo& me, const PeerInfo& peer) const override {
+    return me.hostHash == peer.hostHash && me.cudaDev >= 0 && peer.cudaDev >= 0;
+  }
+
+  Result<std::unique_ptr<Connection>> setupRecv(const ConnSpec& spec, Descriptor* out) override {
+    TUTTI_TRY(useDevice());
+    P2pDesc d{};
+    d.slotBytes = spec.slotBytes;
+    d.llSlotBytes = llSlotBytes_;
+    d.bytes = fifoBytes(spec.slotBytes, llSlotBytes_);
+    P2pConnection::Memory m{};
+    m.owner = true;
+    m.bytes = d.bytes;
+    if (deviceModeWith(spec.peer)) {
+      d.mode = m.mode = kDevice;
+      void* p = nullptr;
+      if (cudaError_t e = cudaMalloc(&p, d.bytes); e != cudaSuccess)
+        return cudaFailed("cudaMalloc of a " + std::to_string(d.bytes) + "-byte FIFO", e);
+      m.dev = static_cast<char*>(p);
+      // All of it: LL receivers take any line whose flags match, and recycled memory may
+      // hold an old FIFO's lines with small step numbers in them. Done before the descriptor
+      // leaves, so no sender can write before the zeros land.
+      if (Status z = zero(p, d.bytes); !z.ok()) {
+        cudaFree(p);
+        return z;
+      }
+      d.devPtr = reinterpret_cast<uint64_t>(p);
+      if (!sameProcess(spec.peer)) {
+        if (cudaError_t e = cudaIpcGetMemHandle(&d.ipc, p); e != cudaSuccess) {
+          cudaFree(p);
+          return cudaFailed("cudaIpcGetMemHandle", e);
+        }
+      }
+    } else {
+      static std::atomic<uint32_t> counter{0};
+      d.mode = m.mode = kMapped;
+      snprintf(d.shmName, sizeof(d.shmName), "/tutti-gpu-%d-%08x-%u", int(getpid()),
+               unsigned(comm_.commHash() & 0xffffffffu), counter.fetch_add(1));
+      m.shmName = d.shmName;
+      int fd = shm_open(d.shmName, O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0) return errnoStatus(std::string("p2p: shm_open ") + d.shmName, errno);
+      if (ftruncate(fd, off_t(d.bytes)) != 0) {
+        int err = errno;
+        close(fd);
+        shm_unlink(d.shmName);
+        return errnoStatus(std::string("p2p: cannot size ") + d.shmName, err);
+      }
+      Result<char*> dev = mapAndRegister(fd, &m);
+      close(fd);
+      if (!dev.ok()) {
+        shm_unlink(d.shmName);
+        return dev.status();
+      }
+      memset(m.host, 0, sizeof(FifoCtrl));
+    }
+    memcpy(out->bytes, &d, sizeof(d));
+    return std::unique_ptr<Connection>(new P2pConnection(spec, llSlotBytes_, m));
+  }
+
+  Result<std::unique_ptr<Connection>> connectSend(const ConnSpec& spec,
+                                                  const Descriptor& in) override {
+    TUTTI_TRY(useDevice());
+    P2pDesc d;
+    memcpy(&d, in.bytes, sizeof(d));
+    d.shmName[sizeof(d.shmName) - 1] = 0;
+    if (d.slotBytes != spec.slotBytes || d.llSlotBytes != llSlotBytes_) {
+      return invalidUsage("p2p: rank " + std::to_string(spec.peer) + " uses slots of " +
+                          std::to_string(d.slotBytes) + "/" + std::to_string(d.llSlotBytes) +
+                          " bytes, this rank " + std::to_string(spec.slotBytes) + "/" +
+                          std::to_string(llSlotBytes_) +
+                          " (NCCL_BUFFSIZE and TUTTI_LL_SLOT_BYTES must match)");
+    }
+    P2pConnection::Memory m{};
+    m.mode = Mode(d.mode);
+    m.bytes = d.bytes;
+    if (d.mode == kDevice) {
+      if (sameProcess(spec.peer)) {
+        TUTTI_TRY(enablePeerAccess(spec.peer));
+        m.dev = reinterpret_cast<char*>(d.devPtr);
+      } else {
+        void* p = nullptr;
+        if (cudaError_t e = cudaIpcOpenMemHandle(&p, d.ipc, cudaIpcMemLazyEnablePeerAccess);
+            e != cudaSuccess) {
+          return cudaFailed("opening rank " + std::to_string(spec.peer) +
+                                "'s FIFO with cudaIpcOpenMemHandle (NCCL_P2P_DISABLE=1 goes "
+                                "through host memory instead)",
+                            e);
+        }
+        m.dev = static_cast<char*>(p);
+        m.ipcOpened = true;
+      }
+    } else if (d.mode == kMapped) {
+      int fd = shm_open(d.shmName, O_RDWR, 0);
+      if (fd < 0)
+        return errnoStatus("p2p: opening rank " + std::to_string(spec.peer) + "'s " + d.shmName,
+                           errno);
+      Result<char*> dev = mapAndRegister(fd, &m);
+      close(fd);
+      shm_unlink(d.shmName);  // both sides have it now
+      if (!dev.ok()) return dev.status();
+    } else {
+      return internalError("p2p: rank " + std::to_string(spec.peer) +
+                           " sent a descriptor of unknown mode " + std::to_string(d.mode));
+    }
+    // The sender's step lives in its own GPU memory (dev::DevConn::step).
+    void* step = nullptr;
+    cudaError_t e = cudaMalloc(&step, 64);
+    Status z = e == cudaSuccess ? zero(step, 64) : cudaFailed("cudaMalloc", e);
+    if (!z.ok()) {
+      if (step) cudaFree(step);
+      P2pConnection dropped(spec, llSlotBytes_, m);  // gives back what m holds
+      return z;
+    }
+    m.ownStep = static_cast<uint64_t*>(step);
+    TUTTI_INFO(log::kInit, "rank %d -> rank %d channel %d via %s", comm_.rank(), spec.peer,
+               spec.channel, d.mode == kDevice ? "P2P/direct (GPU memory)" : "SHM/mapped");
+    return std::unique_ptr<Connection>(new P2pConnection(spec, llSlotBytes_, m));
+  }
+
+ private:
+  const PeerInfo& me() const { return comm_.peers()[size_t(comm_.rank())]; }
+  const PeerInfo& peer(int r) const { return comm_.peers()[size_t(r)]; }
+  bool sameProcess(int r) const { return peer(r).pid == me().pid && peer(r).pidNs == me().pidNs; }
+
+  Status useDevice() const {
+    if (cudaError_t e = cudaSetDevice(comm_.cudaDev()); e != cudaSuccess)
+      return cudaFailed("cudaSetDevice(" + std::to_string(comm_.cudaDev()) + ")", e);
+    return Status::Ok();
+  }
+
+  // GPU memory unless p2p is disabled or the two GPUs cannot reach each other. Decided by the
+  // receiver from facts both sides share (bus ids), and carried to the sender.
+  bool deviceModeWith(int r) const {
+    if (p2pDisabled_) return false;
+    if (strcmp(peer(r).busId, me().busId) == 0) return true;
+    const int other = deviceOfBus(peer(r).busId);
+    int ok = 0;
+    if (other < 0 || cudaDeviceCanAccessPeer(&ok, comm_.cudaDev(), other) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return ok != 0;
+  }
+
+  Status enablePeerAccess(int r) const {
+    const int other = deviceOfBus(peer(r).busId);
+    if (other < 0 || other == comm_.cudaDev()) return Status::Ok();
+    cudaError_t e = cudaDeviceEnablePeerAccess(other, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();
+      return Status::Ok();
+    }
+    if (e != cudaSuccess)
+      return cudaFailed("cudaDeviceEnablePeerAccess(" + std::to_string(other) + ")", e);
+    return Status::Ok();
+  }
+
+  // Maps the segment and registers it with CUDA as mapped memory; fills m->host and m->dev.
+  static Result<char*> mapAndRegister(int fd, P2pConnection::Memory* m) {
+    void* p = mmap(nullptr, m->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return errnoStatus("p2p: mmap", errno);
+    if (cudaError_t e =
+            cudaHostRegister(p, m->bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+        e != cudaSuccess) {
+      munmap(p, m->bytes);
+      return cudaFailed("cudaHostRegister of the shared FIFO", e);
+    }
+    void* dev = nullptr;
+    if (cudaError_t e = cudaHostGetDevicePointer(&dev, p, 0); e != cudaSuccess) {
+      cudaHostUnregister(p);
+      munmap(p, m->bytes);
+      return cudaFailed("cudaHostGetDevicePointer", e);
+    }
+    m->host = p;
+    m->dev = static_cast<char*>(dev);
+    return m->dev;
+  }
+
+  // Zeroes device memory and waits for it, on a stream of its own (cudaMemset may return
+  // before the zeros land, queued behind the application's work).
+  static Status zero(void* p, size_t bytes) {
+    cudaStream_t s;
+    if (cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess)
+      return cudaFailed("cudaStreamCreate", e);
+    cudaError_t e = cudaMemsetAsync(p, 0, bytes, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    return e == cudaSuccess ? Status::Ok() : cudaFailed("zeroing a FIFO", e);
+  }
+
+  Comm& comm_;
+  bool p2pDisabled_;
+  size_t llSlotBytes_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> makeP2pTransport(Comm& comm) {
+  return std::make_unique<P2pTransport>(comm);
+}
+
+}  // namespace tutti::transport
