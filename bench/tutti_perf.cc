@@ -76,6 +76,7 @@ struct Options {
   int dtype = ncclFloat;
   std::vector<int> ops{ncclSum};
   bool deviceMem = false;
+  int graphLaunches = 0;  // -G (device buffers only; host calls complete before they return)
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -175,8 +176,10 @@ Options parse(int argc, char** argv) {
         if (atoi(v) != 1) usage("-g: one device per thread (host buffers here)");
         break;
       case 'z':
-      case 'G':
-        break;  // host calls complete before they return; nothing to capture
+        break;
+      case 'G':  // device buffers: capture the timed iterations in a CUDA graph, launch it N times
+        o.graphLaunches = std::max(0, atoi(v));
+        break;
       case 'o': {
         std::string op = v;
         o.ops.clear();
@@ -455,17 +458,46 @@ class Runner {
     };
     for (int w = 0; w < o_.warmup; ++w) once();
     sync();
-    double t0 = now();
-    for (int it = 0; it < o_.iters; ++it) {
-      ncclResult_t res = once();
-      if (res != ncclSuccess) {
-        fprintf(stderr, "tutti-perf: rank %d: %s: %s\n", r_.rank, ncclGetErrorString(res),
-                ncclGetLastError(r_.comm));
-        exit(1);
+    auto timed = [&] {
+      for (int it = 0; it < o_.iters; ++it) {
+        ncclResult_t res = once();
+        if (res != ncclSuccess) {
+          fprintf(stderr, "tutti-perf: rank %d: %s: %s\n", r_.rank, ncclGetErrorString(res),
+                  ncclGetLastError(r_.comm));
+          exit(1);
+        }
       }
+    };
+    double seconds;
+#ifdef TUTTI_HAVE_CUDA
+    if (dev_ && o_.graphLaunches > 0) {
+      // The iterations captured once, the graph launched graphLaunches times: launch costs
+      // out of the picture, as nccl-tests -G does.
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      DeviceMem::check(cudaStreamBeginCapture(dev_->stream(), cudaStreamCaptureModeThreadLocal),
+                       "cudaStreamBeginCapture");
+      timed();
+      DeviceMem::check(cudaStreamEndCapture(dev_->stream(), &graph), "cudaStreamEndCapture");
+      DeviceMem::check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+      DeviceMem::check(cudaGraphLaunch(exec, dev_->stream()), "cudaGraphLaunch");  // warm-up
+      dev_->sync();
+      sync();
+      double t0 = now();
+      for (int g = 0; g < o_.graphLaunches; ++g)
+        DeviceMem::check(cudaGraphLaunch(exec, dev_->stream()), "cudaGraphLaunch");
+      waitStream();
+      seconds = (now() - t0) / o_.graphLaunches / o_.iters / o_.agg;
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    } else
+#endif
+    {
+      double t0 = now();
+      timed();
+      waitStream();  // device: the calls returned at once; the time is when the stream is done
+      seconds = (now() - t0) / o_.iters / o_.agg;
     }
-    waitStream();  // device: the calls returned at once; the time is when the stream is done
-    double seconds = (now() - t0) / o_.iters / o_.agg;
     long long wrong = 0;
     if (o_.check) {
       // Filled and checked on the host; on the GPU through copies of the same bytes.
@@ -659,9 +691,10 @@ void header(const Options& o, int nranks, const std::vector<Rank>& local) {
   printf("# Collective test starting: %s_perf (tutti-perf)\n", o.coll->name);
   printf(
       "# nThread %d nGpus 1 minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d iters: %d "
-      "agg iters: %d validation: %d graph: 0\n#\n",
+      "agg iters: %d validation: %d graph: %d\n#\n",
       o.threads, o.minBytes, o.maxBytes, o.factor > 1 ? o.factor : double(o.stepBytes),
-      o.factor > 1 ? "factor" : "bytes", o.warmup, o.iters, o.agg, o.check);
+      o.factor > 1 ? "factor" : "bytes", o.warmup, o.iters, o.agg, o.check,
+      o.deviceMem ? o.graphLaunches : 0);
   char host[64] = {};
   gethostname(host, sizeof(host) - 1);
   printf("# Using devices (%s memory: %d rank(s) in all)\n", o.deviceMem ? "device" : "host",

@@ -77,9 +77,10 @@ const char* kindName(CollKind k) {
 DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
   const int shared = ranksPerDevice(comm);
   // Ranks sharing a GPU each hold their blocks for a whole kernel while they wait for the
-  // others: keep the total well inside what one GPU runs at once (132 SMs on an H100).
-  const int cap = std::max(1, 32 / shared);
-  maxChannels_ = int(std::clamp<int64_t>(env::getInt("NCCL_MAX_NCHANNELS", 4), 1,
+  // others: keep the total within half of what one GPU runs at once (132 SMs on an H100,
+  // one block of 512 threads each). Below that, more channels means more SMs moving bytes.
+  const int cap = std::max(1, 64 / shared);
+  maxChannels_ = int(std::clamp<int64_t>(env::getInt("NCCL_MAX_NCHANNELS", dev::kMaxChannels), 1,
                                          std::min(cap, dev::kMaxChannels)));
   llMaxBytes_ = size_t(std::max<int64_t>(0, env::getInt("TUTTI_LL_MAX_BYTES", 64 << 10)));
   channelBytes_ =

@@ -165,14 +165,34 @@ __device__ void blockApply(const Red<T, F>& r, T* d0, T* d1, const T* a, const T
   size_t done = 0;
   if (mis == 0) {
     const size_t packs = n / kPer;
+    constexpr bool kTwo = M == kOpReduce || M == kOpReducePost;
     const uint4* pa = reinterpret_cast<const uint4*>(a);
     const uint4* pb = reinterpret_cast<const uint4*>(b);
-    for (size_t i = threadIdx.x; i < packs; i += blockDim.x) {
-      uint4 va = pa[i];
-      uint4 vb = (M == kOpReduce || M == kOpReducePost) ? pb[i] : va;
-      uint4 v = computePack<M>(r, va, vb);
-      reinterpret_cast<uint4*>(d0)[i] = v;
-      if (d1) reinterpret_cast<uint4*>(d1)[i] = v;
+    uint4* p0 = reinterpret_cast<uint4*>(d0);
+    uint4* p1 = reinterpret_cast<uint4*>(d1);
+    // kUnroll packs per thread in flight before the first is used: one load at a time
+    // leaves most of a block's memory bandwidth idle.
+    constexpr int kUnroll = sizeof(T) == 1 && M != kOpCopy ? 2 : 4;  // fp8: 16 conversions a pack
+    const size_t stride = blockDim.x;
+    size_t i = threadIdx.x;
+    for (; i + (kUnroll - 1) * stride < packs; i += kUnroll * stride) {
+      uint4 va[kUnroll], vb[kUnroll];
+      TUTTI_UNROLL
+      for (int u = 0; u < kUnroll; ++u) va[u] = pa[i + u * stride];
+      TUTTI_UNROLL
+      for (int u = 0; u < kUnroll; ++u) vb[u] = kTwo ? pb[i + u * stride] : va[u];
+      TUTTI_UNROLL
+      for (int u = 0; u < kUnroll; ++u) {
+        const uint4 v = computePack<M>(r, va[u], vb[u]);
+        p0[i + u * stride] = v;
+        if (p1) p1[i + u * stride] = v;
+      }
+    }
+    for (; i < packs; i += stride) {
+      const uint4 va = pa[i];
+      const uint4 v = computePack<M>(r, va, kTwo ? pb[i] : va);
+      p0[i] = v;
+      if (p1) p1[i] = v;
     }
     done = packs * kPer;
   }

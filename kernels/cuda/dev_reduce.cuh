@@ -20,6 +20,12 @@
 
 #include "kernels/cuda/dev_work.h"
 
+#if defined(__CUDACC__)
+#define TUTTI_UNROLL _Pragma("unroll")
+#else
+#define TUTTI_UNROLL
+#endif
+
 namespace tutti::dev {
 
 struct Half {
@@ -170,9 +176,7 @@ __device__ __forceinline__ W computePack(const Red<T, F>& r, W a, W b) {
   U ua, ub, out;
   ua.w = a;
   ub.w = b;
-#if defined(__CUDACC__)
-#pragma unroll
-#endif
+  TUTTI_UNROLL
   for (int i = 0; i < kN; ++i) out.e[i] = compute<M>(r, ua.e[i], ub.e[i]);
   return out.w;
 }
