@@ -377,9 +377,14 @@ class DeviceMem {
     fprintf(stderr, "tutti-perf: %s: %s\n", what, cudaGetErrorString(e));
     exit(1);
   }
-  DeviceMem() {
+  // All of it at once, before any rank starts: cudaMalloc / cudaFree may wait for the whole
+  // GPU, where another rank's kernel may be waiting for this one.
+  explicit DeviceMem(size_t bytes) {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check(cudaMalloc(&scratch_, sizeof(double)), "cudaMalloc");
+    check(cudaMalloc(&send_, bytes), "cudaMalloc");
+    check(cudaMalloc(&recv_, bytes), "cudaMalloc");
+    bytes_ = bytes;
   }
   ~DeviceMem() {
     cudaFree(send_);
@@ -388,25 +393,27 @@ class DeviceMem {
     cudaStreamDestroy(stream_);
   }
   void reserve(size_t bytes) {
-    if (bytes <= bytes_) return;
-    cudaFree(send_);
-    cudaFree(recv_);
-    check(cudaMalloc(&send_, bytes), "cudaMalloc");
-    check(cudaMalloc(&recv_, bytes), "cudaMalloc");
-    bytes_ = bytes;
+    if (bytes > bytes_) {
+      fprintf(stderr, "tutti-perf: %zu bytes of GPU memory needed, %zu allocated\n", bytes, bytes_);
+      exit(1);
+    }
   }
   char* send() const { return static_cast<char*>(send_); }
   char* recv() const { return static_cast<char*>(recv_); }
   double* scratch() const { return static_cast<double*>(scratch_); }
   cudaStream_t stream() const { return stream_; }
   void sync() { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  // In stream order on the rank's stream: the collectives that follow see the bytes.
   void toDevice(void* d, const void* h, size_t n) {
-    check(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), "cudaMemcpy");
+    check(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
   }
   void toHost(void* h, const void* d, size_t n) {
-    check(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    check(cudaMemcpyAsync(h, d, n, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    sync();
   }
-  void fill(void* d, int v, size_t n) { check(cudaMemset(d, v, n), "cudaMemset"); }
+  void fill(void* d, int v, size_t n) {
+    check(cudaMemsetAsync(d, v, n, stream_), "cudaMemsetAsync");
+  }
 
  private:
   cudaStream_t stream_ = nullptr;
@@ -417,9 +424,7 @@ class DeviceMem {
 
 class Runner {
  public:
-  Runner(const Options& o, const Rank& r) : o_(o), r_(r) {
-    if (o.deviceMem) dev_ = std::make_unique<DeviceMem>();
-  }
+  Runner(const Options& o, const Rank& r, DeviceMem* dev) : o_(o), r_(r), dev_(dev) {}
 
   // count: elements per rank block (per-rank coll) or of the whole buffer.
   Result run(size_t count, int op, bool inPlace) {
@@ -634,12 +639,12 @@ class Runner {
   const Options& o_;
   Rank r_;
   std::vector<char> sendBuf_, recvBuf_;
-  std::unique_ptr<DeviceMem> dev_;
+  DeviceMem* dev_;  // --mem device, else null
 };
 
-int runRank(const Options& o, const Rank& r, bool printer, double* busSum, int* lines,
-            long long* wrongTotal) {
-  Runner run(o, r);
+int runRank(const Options& o, const Rank& r, DeviceMem* dev, bool printer, double* busSum,
+            int* lines, long long* wrongTotal) {
+  Runner run(o, r, dev);
   const CollInfo& c = *o.coll;
   const size_t es = typeSize(o.dtype), n = size_t(r.nranks);
   for (size_t bytes = o.minBytes; bytes <= o.maxBytes;
@@ -777,6 +782,16 @@ int main(int argc, char** argv) {
   std::vector<double> busSum(ranks.size(), 0);
   std::vector<int> lines(ranks.size(), 0);
   std::vector<long long> wrong(ranks.size(), 0);
+  // GPU memory for every rank before any starts (see DeviceMem).
+  std::vector<std::unique_ptr<DeviceMem>> mems(ranks.size());
+#ifdef TUTTI_HAVE_CUDA
+  for (size_t t = 0; t < ranks.size() && o.deviceMem; ++t) {
+    int d = 0;
+    ncclCommCuDevice(ranks[t].comm, &d);
+    DeviceMem::check(cudaSetDevice(d), "cudaSetDevice");
+    mems[t] = std::make_unique<DeviceMem>(o.maxBytes + 4096);
+  }
+#endif
   std::vector<std::thread> threads;
   for (size_t t = 0; t < ranks.size(); ++t) {
     threads.emplace_back([&, t] {
@@ -787,10 +802,11 @@ int main(int argc, char** argv) {
         DeviceMem::check(cudaSetDevice(d), "cudaSetDevice");
       }
 #endif
-      runRank(o, ranks[t], printer && t == 0, &busSum[t], &lines[t], &wrong[t]);
+      runRank(o, ranks[t], mems[t].get(), printer && t == 0, &busSum[t], &lines[t], &wrong[t]);
     });
   }
   for (auto& th : threads) th.join();
+  mems.clear();
   for (Rank& r : ranks) ncclCommDestroy(r.comm);
   if (printer) {
     printf("# Out of bounds values : %lld %s\n", wrong[0], wrong[0] ? "FAILED" : "OK");

@@ -50,6 +50,12 @@ void Comm::pollDeviceErrors() {
 void Comm::breakLinks() {
   State st = state();
   if (links_ && (st == State::kReady || st == State::kFinalized)) links_->breakAll();
+  DeviceEngine* d;
+  {
+    std::lock_guard<std::mutex> lock(deviceMu_);
+    d = deviceEngine_.get();
+  }
+  if (d) d->breakLinks();
 }
 
 void Comm::waitUnpinned() const {

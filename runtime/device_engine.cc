@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 
+#include "runtime/bootstrap.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_shim.h"
 #include "runtime/dtype.h"
@@ -103,6 +104,7 @@ DeviceEngine::~DeviceEngine() {
   if (stream_) {
     // The FIFOs and the mapped words must outlive every kernel that uses them.
     DeviceGuard guard(comm_.cudaDev());
+    if (comm_.aborted()) breakLinks();  // peers' kernels stop before anything is freed
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
     comm_.setDeviceAbortWord(nullptr);
     cudaEventDestroy(static_cast<cudaEvent_t>(entry_));
@@ -137,7 +139,7 @@ Status DeviceEngine::init() {
   void* p = nullptr;
   TUTTI_TRY(cudaCheck("cudaHostAlloc", cudaHostAlloc(&p, 64, cudaHostAllocMapped)));
   abortHost_ = static_cast<uint32_t*>(p);
-  *abortHost_ = comm_.aborted() ? 1 : 0;
+  *abortHost_ = 0;
   void* d = nullptr;
   TUTTI_TRY(cudaCheck("cudaHostGetDevicePointer", cudaHostGetDevicePointer(&d, p, 0)));
   abortDev_ = static_cast<const uint32_t*>(d);
@@ -152,6 +154,19 @@ Status DeviceEngine::init() {
   TUTTI_TRY(cudaCheck("cudaMemsetAsync", cudaMemsetAsync(p, 0, 64, s)));
   TUTTI_TRY(cudaCheck("cudaStreamSynchronize", cudaStreamSynchronize(s)));
   comm_.setDeviceAbortWord(abortHost_);
+  if (comm_.aborted()) __atomic_store_n(abortHost_, 1u, __ATOMIC_RELEASE);  // before the above
+  // Every kernel loaded now (CUDA loads modules lazily, and loading may wait for the device:
+  // for a sibling rank's kernel that waits for this one, say).
+  for (const void* k : dev::allKernels()) {
+    cudaFuncAttributes attr;
+    TUTTI_TRY(cudaCheck("cudaFuncGetAttributes", cudaFuncGetAttributes(&attr, k)));
+    if (attr.maxThreadsPerBlock < dev::kThreads) {
+      return internalError("rank " + std::to_string(comm_.rank()) + ": a device kernel runs " +
+                           std::to_string(attr.maxThreadsPerBlock) +
+                           " threads per block at most, " + std::to_string(dev::kThreads) +
+                           " needed");
+    }
+  }
   links_ = std::make_unique<Links>(comm_, Links::Kind::kDevice);
   if (siblings_ > 0) {
     const char* q = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
@@ -172,6 +187,11 @@ Status DeviceEngine::init() {
              comm_.rank(), comm_.cudaDev(), maxChannels_, llMaxBytes_,
              dev::builtKernelTypes().c_str());
   return Status::Ok();
+}
+
+void DeviceEngine::breakLinks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (links_) links_->breakAll();
 }
 
 Status DeviceEngine::kernelError() const {
@@ -225,6 +245,29 @@ Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {
   return s;
 }
 
+// Makes the links, then waits until the ranks at their other ends have made theirs too.
+// Allocating device memory (and opening IPC handles) may wait for the whole GPU; a rank whose
+// kernel is already waiting for a sibling rank that still allocates would deadlock both.
+// Ring links (all ranks, at the same collective) end with a barrier of all ranks; links of
+// sends and receives with a handshake with each new peer.
+Status DeviceEngine::connect(const devplan::Config& cfg, const CollArgs* ops, size_t nops) {
+  // Every rank makes its ring links at the same collective: the first one.
+  const bool ringNew =
+      devplan::usesRing(cfg, ops, nops) && !links_->send((cfg.rank + 1) % cfg.nranks, 0);
+  std::vector<int> made;
+  TUTTI_TRY(links_->ensure(devplan::linkNeeds(cfg, ops, nops), &made));
+  Bootstrap* b = comm_.bootstrap();
+  if (ringNew) return b->barrier().withContext("after making the ring's GPU links");
+  constexpr uint32_t kReadyTag = 0x4d7f0000u;
+  uint32_t token = 1;
+  for (int peer : made) TUTTI_TRY(b->send(peer, kReadyTag, &token, sizeof(token)));
+  for (int peer : made) {
+    TUTTI_TRY(b->recv(peer, kReadyTag, &token, sizeof(token))
+                  .withContext("waiting for rank " + std::to_string(peer) + "'s GPU links"));
+  }
+  return Status::Ok();
+}
+
 Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   const int r = comm_.rank();
   for (size_t i = 0; i < nops; ++i) {
@@ -243,18 +286,15 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   cfg.llMaxBytes = llMaxBytes_;
   cfg.channelBytes = channelBytes_;
   cfg.proto = proto_;
-  if (Status s = links_->ensure(devplan::linkNeeds(cfg, ops, nops)); !s.ok()) {
-    return s.withContext("rank " + std::to_string(r) + ": connecting GPU links");
-  }
-  groupSeqValid_ = false;
+  cfg.connectAllChannels = true;
+  TUTTI_TRY(
+      connect(cfg, ops, nops).withContext("rank " + std::to_string(r) + ": connecting GPU links"));
+  groupSeq_ = groupCount_++;  // the same on every rank: each prepares the same groups
+  groupSeqValid_ = true;
   auto link = [this](int peer, int channel, bool send) -> const transport::FifoView* {
     return send ? links_->send(peer, channel) : links_->recv(peer, channel);
   };
-  auto seq = [this] {
-    const uint64_t s = comm_.nextSeq();
-    noteSeq(s);
-    return s;
-  };
+  auto seq = [this] { return comm_.nextSeq(); };
   const size_t before = plan_.launches.size();
   TUTTI_TRY(devplan::plan(cfg, ops, nops, link, seq, &plan_));
   for (size_t i = before; i < plan_.launches.size(); ++i) {
@@ -299,8 +339,17 @@ struct SharedEntry {
   int left;  // siblings yet to use it
 };
 std::mutex gSharedMu;
-std::deque<SharedEntry> gShared;  // oldest first
+std::deque<SharedEntry> gShared;       // oldest first
+std::vector<cudaEvent_t> gFreeEvents;  // used ones, for the next entries
 constexpr size_t kMaxShared = 1024;
+
+void releaseEvent(cudaEvent_t e) {  // gSharedMu held
+  if (gFreeEvents.size() < 64) {
+    gFreeEvents.push_back(e);
+  } else {
+    cudaEventDestroy(e);
+  }
+}
 }  // namespace
 
 Status DeviceEngine::enterStream(void* s) {
@@ -317,7 +366,7 @@ Status DeviceEngine::enterStream(void* s) {
     if (it->commHash != comm_.commHash() || it->stream != s || it->seq != groupSeq_) continue;
     Status st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, it->event, 0));
     if (--it->left == 0) {
-      cudaEventDestroy(it->event);
+      releaseEvent(it->event);
       gShared.erase(it);
     }
     if (!warnedShared_) {
@@ -333,17 +382,22 @@ Status DeviceEngine::enterStream(void* s) {
     return st;
   }
   cudaEvent_t e;
-  TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
+  if (!gFreeEvents.empty()) {
+    e = gFreeEvents.back();
+    gFreeEvents.pop_back();
+  } else {
+    TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
+  }
   Status st = cudaCheck("cudaEventRecord on the caller's stream", cudaEventRecord(e, stream));
   if (st.ok()) st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, e, 0));
   if (!st.ok()) {
-    cudaEventDestroy(e);
+    releaseEvent(e);
     return st;
   }
   gShared.push_back({comm_.commHash(), s, groupSeq_, e, siblings_});
   // Entries of siblings that use streams of their own are never claimed: keep a bounded few.
   while (gShared.size() > kMaxShared) {
-    cudaEventDestroy(gShared.front().event);
+    releaseEvent(gShared.front().event);
     gShared.pop_front();
   }
   return Status::Ok();
@@ -411,7 +465,13 @@ Status DeviceEngine::enter() { return Status::Ok(); }
 Status DeviceEngine::launch() { return Status::Ok(); }
 Status DeviceEngine::leave() { return Status::Ok(); }
 Status DeviceEngine::launchPrepared() { return Status::Ok(); }
+void DeviceEngine::breakLinks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (links_) links_->breakAll();
+}
+
 Status DeviceEngine::kernelError() const { return Status::Ok(); }
+void DeviceEngine::breakLinks() {}
 
 #endif
 

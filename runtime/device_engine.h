@@ -44,6 +44,8 @@ class DeviceEngine {
   Status launchPrepared();
   // What a kernel reported (abort, deadline, a size mismatch), as a Status; Ok if nothing.
   Status kernelError() const;
+  // Marks every device FIFO broken, so that the peers' kernels stop waiting (abort).
+  void breakLinks();
 
   // Channels (blocks) per collective at most.
   int maxChannels() const { return maxChannels_; }
@@ -52,9 +54,7 @@ class DeviceEngine {
   Status init();
   Status plan(const CollArgs* ops, size_t n);  // prepare() under mu_
   Status enterStream(void* stream);
-  void noteSeq(uint64_t seq) {
-    if (!groupSeqValid_) groupSeq_ = seq, groupSeqValid_ = true;
-  }
+  Status connect(const devplan::Config& cfg, const CollArgs* ops, size_t n);
   void clearPlan() {
     plan_ = devplan::Plan{};
     kernels_.clear();
@@ -78,9 +78,10 @@ class DeviceEngine {
   size_t llMaxBytes_;
   size_t channelBytes_;
   double timeoutS_;
-  int proto_ = -1;         // NCCL_PROTO: -1 automatic
-  int siblings_ = 0;       // other ranks of this comm in this process on this GPU
-  uint64_t groupSeq_ = 0;  // the first opCount of the prepared group
+  int proto_ = -1;           // NCCL_PROTO: -1 automatic
+  int siblings_ = 0;         // other ranks of this comm in this process on this GPU
+  uint64_t groupCount_ = 0;  // device groups prepared so far
+  uint64_t groupSeq_ = 0;    // the prepared group's number
   bool groupSeqValid_ = false;
   bool warnedShared_ = false;
   devplan::Plan plan_;                // the prepared group

@@ -83,11 +83,18 @@ std::vector<LinkNeed> linkNeeds(const Config& cfg, const CollArgs* ops, size_t n
       ring = std::max(ring, shapeOf(cfg, op).nch);
     }
   }
+  if (ring > 0 && cfg.connectAllChannels) ring = cfg.maxChannels;
   for (int c = 0; c < ring; ++c) {
     needs.push_back({(r + 1) % n, c, true});
     needs.push_back({(r + n - 1) % n, c, false});
   }
   return needs;
+}
+
+bool usesRing(const Config& cfg, const CollArgs* ops, size_t nops) {
+  for (size_t i = 0; i < nops; ++i)
+    if (!p2p(ops[i].kind) && cfg.nranks > 1) return true;
+  return false;
 }
 
 Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& link,

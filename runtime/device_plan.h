@@ -24,6 +24,9 @@ struct Config {
   size_t channelBytes = 512 << 10;     // another channel per this many bytes
   int proto = -1;                      // NCCL_PROTO: dev::kSimple, dev::kLL, -1 automatic
   size_t oneRankChunkBytes = 4 << 20;  // a communicator of one rank: bytes per copy step
+  // Ring links on every channel up to maxChannels at the first collective, not only on the
+  // channels it uses: no FIFO is allocated later, while other ranks' kernels may be waiting.
+  bool connectAllChannels = false;
 };
 
 // A kernel launch: which kernel (datatype as ncclDataType_t, dev::Fn, dev::Proto), how many
@@ -48,6 +51,8 @@ struct Plan {
 
 // The links the operations need: the ring's on each channel, and one per send/recv peer.
 std::vector<LinkNeed> linkNeeds(const Config& cfg, const CollArgs* ops, size_t n);
+// Whether the operations include a collective that uses ring links (every rank has one).
+bool usesRing(const Config& cfg, const CollArgs* ops, size_t n);
 
 // link(peer, channel, send): the FIFO end, made beforehand from linkNeeds(). nextSeq numbers
 // the operations (the communicator's opCount).

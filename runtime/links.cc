@@ -94,7 +94,7 @@ Result<transport::Transport*> Links::transportFor(int peer) {
   return net_.get();
 }
 
-Status Links::ensure(const std::vector<LinkNeed>& needs) {
+Status Links::ensure(const std::vector<LinkNeed>& needs, std::vector<int>* madePeers) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<LinkNeed> todo;
   for (const LinkNeed& n : needs) {
@@ -105,6 +105,12 @@ Status Links::ensure(const std::vector<LinkNeed>& needs) {
     }
   }
   if (todo.empty()) return Status::Ok();
+  if (madePeers) {
+    for (const LinkNeed& n : todo) {
+      if (std::find(madePeers->begin(), madePeers->end(), n.peer) == madePeers->end())
+        madePeers->push_back(n.peer);
+    }
+  }
   Bootstrap* b = comm_.bootstrap();
   const uint32_t tagBase = kind_ == Kind::kDevice ? kDeviceLinkTag : kLinkTag;
   auto tagOf = [&](int channel) { return tagBase | static_cast<uint32_t>(channel); };

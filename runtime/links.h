@@ -38,7 +38,8 @@ class Links {
   // Makes every link in `needs` that does not exist yet. Every rank at the other end of a
   // new link must be inside a matching ensure() at the same time (the same collective, or
   // the matching send/recv).
-  Status ensure(const std::vector<LinkNeed>& needs);
+  // madePeers: gets the peers of the links this call made (each once).
+  Status ensure(const std::vector<LinkNeed>& needs, std::vector<int>* madePeers = nullptr);
   transport::FifoView* send(int peer, int channel);
   transport::FifoView* recv(int peer, int channel);
   // Tells every peer that this rank has left (after a failure or an abort).

@@ -405,6 +405,12 @@ __device__ __forceinline__ void store8(char* p, uint64_t v, int valid) {
   for (int i = 0; i < valid; ++i) p[i] = char(v >> (8 * i));
 }
 
+// The flag of an LL step: never 0, the value of a cleared line.
+__device__ __forceinline__ uint32_t llFlag(uint64_t step) {
+  const uint32_t f = uint32_t(step + 1);
+  return f == 0 ? 1 : f;
+}
+
 template <typename T, int F>
 struct LLPrims : PrimsBase<T, F> {
   using B = PrimsBase<T, F>;
@@ -425,9 +431,9 @@ struct LLPrims : PrimsBase<T, F> {
     const size_t bytes = size_t(n) * sizeof(T);
     const int lines = int((bytes + 7) / 8);
     char* sline = kSend ? B::sendSlot(true) : nullptr;
-    const char* rline = kRecv ? B::recvSlot(true) : nullptr;
-    const uint32_t sflag = kSend ? uint32_t(ctx.sh->sendStep + 1) : 0;
-    const uint32_t rflag = kRecv ? uint32_t(ctx.sh->recvStep + 1) : 0;
+    char* rline = kRecv ? B::recvSlot(true) : nullptr;
+    const uint32_t sflag = kSend ? llFlag(ctx.sh->sendStep) : 0;
+    const uint32_t rflag = kRecv ? llFlag(ctx.sh->recvStep) : 0;
     bool stop = false;
     for (int i = threadIdx.x; i < lines; i += blockDim.x) {
       const int valid = int(bytes - size_t(i) * 8 < 8 ? bytes - size_t(i) * 8 : 8);
@@ -444,6 +450,9 @@ struct LLPrims : PrimsBase<T, F> {
           }
         }
         if (stop) break;
+        // Cleared once read (it is this rank's own memory): a line keeps no flag that a step
+        // 2^32 later could mistake for its own.
+        storeLine(rline + size_t(i) * 16, 0, 0);
       } else {
         a = mine;
       }

@@ -38,6 +38,14 @@ const void* kernelFor(int dtype, int fn, int proto) {
   return table().k[dtype][fn * kNumProtos + proto];
 }
 
+std::vector<const void*> allKernels() {
+  std::vector<const void*> out;
+  for (const auto& row : table().k)
+    for (void* k : row)
+      if (k) out.push_back(k);
+  return out;
+}
+
 std::string builtKernelTypes() { return table().count == kNumDtypes ? "all" : table().names; }
 
 }  // namespace tutti::dev

@@ -2,12 +2,15 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace tutti::dev {
 
 // The kernel's host-side handle for cudaLaunchKernel, or nullptr when this build has no kernel
 // for the datatype (TUTTI_KERNEL_FILTER) or no CUDA.
 const void* kernelFor(int dtype, int fn, int proto);
+// Every kernel this build has (to load them all up front: see DeviceEngine::init).
+std::vector<const void*> allKernels();
 // The datatypes with kernels, for messages: "all", or e.g. "uint8, float".
 std::string builtKernelTypes();
 

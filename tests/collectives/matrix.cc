@@ -17,45 +17,62 @@ namespace {
 
 constexpr uint8_t kPoison = 0xA5;
 
-// GPU copies of a case's buffers (Memory::kDevice).
+// A rank thread's GPU memory for its cases (Memory::kDevice), made once by
+// reserveDeviceMemory: cudaMalloc and cudaFree may wait for the whole GPU, where another
+// rank's kernel may be waiting for this rank's next call.
+struct DeviceArena {
+  char* base = nullptr;
+  size_t bytes = 0;
+};
+thread_local DeviceArena tArena;
+
+constexpr size_t kArenaAlign = 256;
+size_t alignUp(size_t n) { return (n + kArenaAlign - 1) / kArenaAlign * kArenaAlign; }
+
+// GPU copies of a case's buffers, in the thread's arena, moved in stream order on the
+// operation's stream.
 struct DeviceBuffers {
   uint8_t* send = nullptr;
   uint8_t* recv = nullptr;
   void* scalar = nullptr;
+  void* stream = nullptr;
 #ifdef TUTTI_HAVE_CUDA
-  ~DeviceBuffers() {
-    cudaFree(send);
-    cudaFree(recv);
-    cudaFree(scalar);
-  }
   static std::string err(const char* what, cudaError_t e) {
     return e == cudaSuccess ? "" : std::string(what) + ": " + cudaGetErrorString(e);
   }
-  std::string make(const uint8_t* s, size_t sBytes, const uint8_t* r, size_t rBytes) {
-    std::string e = err("cudaMalloc", cudaMalloc(reinterpret_cast<void**>(&send), sBytes));
-    if (e.empty()) e = err("cudaMalloc", cudaMalloc(reinterpret_cast<void**>(&recv), rBytes));
-    if (e.empty()) e = err("cudaMemcpy", cudaMemcpy(send, s, sBytes, cudaMemcpyHostToDevice));
-    if (e.empty()) e = err("cudaMemcpy", cudaMemcpy(recv, r, rBytes, cudaMemcpyHostToDevice));
+  cudaStream_t st() const { return static_cast<cudaStream_t>(stream); }
+  std::string make(const uint8_t* s, size_t sBytes, const uint8_t* r, size_t rBytes, void* strm) {
+    stream = strm;
+    if (alignUp(sBytes) + alignUp(rBytes) + kArenaAlign > tArena.bytes) {
+      return "needs " + std::to_string(alignUp(sBytes) + alignUp(rBytes) + kArenaAlign) +
+             " bytes of GPU memory, this thread reserved " + std::to_string(tArena.bytes) +
+             " (reserveDeviceMemory)";
+    }
+    send = reinterpret_cast<uint8_t*>(tArena.base);
+    recv = send + alignUp(sBytes);
+    scalar = recv + alignUp(rBytes);
+    std::string e =
+        err("cudaMemcpyAsync", cudaMemcpyAsync(send, s, sBytes, cudaMemcpyHostToDevice, st()));
+    if (e.empty())
+      e = err("cudaMemcpyAsync", cudaMemcpyAsync(recv, r, rBytes, cudaMemcpyHostToDevice, st()));
     return e;
   }
   std::string makeScalar(const uint8_t* v) {
-    std::string e = err("cudaMalloc", cudaMalloc(&scalar, 8));
-    if (e.empty()) e = err("cudaMemcpy", cudaMemcpy(scalar, v, 8, cudaMemcpyHostToDevice));
-    return e;
+    return err("cudaMemcpyAsync", cudaMemcpyAsync(scalar, v, 8, cudaMemcpyHostToDevice, st()));
   }
-  // Waits for the operation on its stream and brings the receive buffer back.
-  std::string finish(void* stream, uint8_t* r, size_t rBytes) {
+  // Brings the receive buffer back once the operation is done, and waits for it.
+  std::string finish(uint8_t* r, size_t rBytes) {
     std::string e =
-        err("cudaStreamSynchronize", cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
-    if (e.empty()) e = err("cudaMemcpy", cudaMemcpy(r, recv, rBytes, cudaMemcpyDeviceToHost));
+        err("cudaMemcpyAsync", cudaMemcpyAsync(r, recv, rBytes, cudaMemcpyDeviceToHost, st()));
+    if (e.empty()) e = err("cudaStreamSynchronize", cudaStreamSynchronize(st()));
     return e;
   }
 #else
-  std::string make(const uint8_t*, size_t, const uint8_t*, size_t) {
+  std::string make(const uint8_t*, size_t, const uint8_t*, size_t, void*) {
     return "this build has no CUDA";
   }
   std::string makeScalar(const uint8_t*) { return "this build has no CUDA"; }
-  std::string finish(void*, uint8_t*, size_t) { return "this build has no CUDA"; }
+  std::string finish(uint8_t*, size_t) { return "this build has no CUDA"; }
 #endif
 };
 
@@ -456,7 +473,7 @@ std::string runCaseImpl(ncclComm_t comm, int rank, int n, const Case& c, Memory 
   uint8_t* callSend = send;
   uint8_t* callRecv = recv;
   if (mem == Memory::kDevice) {
-    std::string err = dev.make(sendMem.get(), sendBytes, recvMem.get(), recvBytes);
+    std::string err = dev.make(sendMem.get(), sendBytes, recvMem.get(), recvBytes, stream);
     if (!err.empty()) return c.name() + ": " + err;
     auto at = [&](uint8_t* p) {
       if (p >= recvMem.get() && p < recvMem.get() + recvBytes)
@@ -529,7 +546,7 @@ std::string runCaseImpl(ncclComm_t comm, int rank, int n, const Case& c, Memory 
       break;
   }
   if (r == ncclSuccess && mem == Memory::kDevice) {
-    std::string err = dev.finish(stream, recvMem.get(), recvBytes);
+    std::string err = dev.finish(recvMem.get(), recvBytes);
     if (!err.empty()) return c.name() + ": rank " + std::to_string(rank) + ": " + err;
   }
   if (op >= ncclNumOps) ncclRedOpDestroy(op, comm);
@@ -591,6 +608,35 @@ std::string runCaseImpl(ncclComm_t comm, int rank, int n, const Case& c, Memory 
 }
 
 }  // namespace
+
+std::string reserveDeviceMemory(const std::vector<Case>& cases, int nranks) {
+#ifdef TUTTI_HAVE_CUDA
+  size_t most = 0;
+  for (const Case& c : cases) {
+    const size_t elems = c.count * size_t(nranks) + 1;  // the largest buffer any layout takes
+    most = std::max(most, 2 * alignUp(elems * sizeOf(c.dtype) + 1) + kArenaAlign);
+  }
+  if (most <= tArena.bytes) return "";
+  if (tArena.base) cudaFree(tArena.base);
+  tArena = {};
+  void* p = nullptr;
+  if (cudaError_t e = cudaMalloc(&p, most); e != cudaSuccess)
+    return std::string("cudaMalloc: ") + cudaGetErrorString(e);
+  tArena = {static_cast<char*>(p), most};
+  return "";
+#else
+  (void)cases;
+  (void)nranks;
+  return "this build has no CUDA";
+#endif
+}
+
+void releaseDeviceMemory() {
+#ifdef TUTTI_HAVE_CUDA
+  if (tArena.base) cudaFree(tArena.base);
+#endif
+  tArena = {};
+}
 
 std::string runCase(ncclComm_t comm, int rank, int n, const Case& c, Memory mem, void* stream) {
   return runCaseImpl(comm, rank, n, c, mem, stream, nullptr);

@@ -53,6 +53,13 @@ std::vector<Case> matrixCases(int nranks, size_t fifoBytes);
 // GPU memory, run on `stream` (a cudaStream_t), and copied back to be checked.
 enum class Memory { kHost, kDevice };
 
+// Memory::kDevice: each rank thread first reserves GPU memory for the largest of its cases
+// ("" or the error), and all rank threads of a process do so before any runs a case
+// (cudaMalloc / cudaFree may wait for the whole GPU, where a kernel of another rank may be
+// waiting for this one); releaseDeviceMemory once every rank is done.
+std::string reserveDeviceMemory(const std::vector<Case>& cases, int nranks);
+void releaseDeviceMemory();
+
 // Runs one case on this rank; "" when the output is right, else what is wrong.
 std::string runCase(ncclComm_t comm, int rank, int nranks, const Case& c,
                     Memory mem = Memory::kHost, void* stream = nullptr);

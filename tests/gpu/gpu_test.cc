@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -30,6 +31,28 @@ std::string noGpuReason() {
   }
   return n > 0 ? "" : "no CUDA device";
 }
+
+// All rank threads meet here before going on.
+class ThreadBarrier {
+ public:
+  explicit ThreadBarrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int gen = gen_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return gen_ != gen; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_, arrived_ = 0, gen_ = 0;
+};
 
 #define SKIP_WITHOUT_GPU()                                  \
   do {                                                      \
@@ -76,11 +99,19 @@ TEST_P(GpuMatrix, EveryCollectiveOnDeviceBuffersMatchesTheOracle) {
   const std::vector<Case> cases = matrixCases(s.nranks, kFifoBytes);
   std::mutex mu;
   std::vector<std::string> failures;
+  ThreadBarrier barrier(s.nranks);
   onThreads(s.nranks, [&](int rank) {
     cudaStream_t stream;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    std::vector<std::string> bad =
-        runCases(comms[size_t(rank)], rank, s.nranks, cases, 10, Memory::kDevice, stream);
+    std::vector<std::string> bad;
+    std::string err = reserveDeviceMemory(cases, s.nranks);
+    if (!err.empty()) bad.push_back("rank " + std::to_string(rank) + ": " + err);
+    barrier.wait();  // no rank allocates while another's kernel waits for it
+    if (err.empty()) {
+      bad = runCases(comms[size_t(rank)], rank, s.nranks, cases, 10, Memory::kDevice, stream);
+    }
+    barrier.wait();
+    releaseDeviceMemory();
     cudaStreamDestroy(stream);
     std::lock_guard<std::mutex> lock(mu);
     failures.insert(failures.end(), bad.begin(), bad.end());
@@ -123,15 +154,20 @@ struct RankBuffers {
   ~RankBuffers() {
     for (float* p : bufs) cudaFree(p);
   }
-  void fill(int r, float v) {
+  // In stream order on the stream the operations use (a plain cudaMemcpy is not ordered with
+  // non-blocking streams, and may return before the bytes land).
+  void fill(int r, float v, cudaStream_t s) {
     std::vector<float> h(count, v);
-    EXPECT_EQ(cudaMemcpy(bufs[size_t(r)], h.data(), count * 4, cudaMemcpyHostToDevice),
+    EXPECT_EQ(cudaMemcpyAsync(bufs[size_t(r)], h.data(), count * 4, cudaMemcpyHostToDevice, s),
               cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   }
   // "" or what differs from want.
-  std::string check(int r, float want) {
+  std::string check(int r, float want, cudaStream_t s) {
     std::vector<float> h(count);
-    if (cudaMemcpy(h.data(), bufs[size_t(r)], count * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+    if (cudaMemcpyAsync(h.data(), bufs[size_t(r)], count * 4, cudaMemcpyDeviceToHost, s) !=
+            cudaSuccess ||
+        cudaStreamSynchronize(s) != cudaSuccess)
       return "cudaMemcpy failed";
     for (size_t i = 0; i < count; ++i) {
       if (h[i] != want) {
@@ -156,7 +192,7 @@ TEST(GpuStreams, FourRanksSharingOneStreamInOneGroupComplete) {
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   for (size_t count : {size_t(1), size_t(1000), size_t(1) << 20}) {
     RankBuffers b(n, count);
-    for (int r = 0; r < n; ++r) b.fill(r, float(r + 1));
+    for (int r = 0; r < n; ++r) b.fill(r, float(r + 1), stream);
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r) {
       ASSERT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], count, ncclFloat, ncclSum,
@@ -165,9 +201,34 @@ TEST(GpuStreams, FourRanksSharingOneStreamInOneGroupComplete) {
     }
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    for (int r = 0; r < n; ++r) EXPECT_EQ(b.check(r, 10.0f), "") << "count " << count;
+    for (int r = 0; r < n; ++r) EXPECT_EQ(b.check(r, 10.0f, stream), "") << "count " << count;
   }
   for (ncclComm_t c : comms) ncclCommDestroy(c);
+  cudaStreamDestroy(stream);
+}
+
+// Four ranks on four threads pass the same stream, outside any group: stream order alone
+// would make each rank's kernel wait behind another's join. They must all complete, round
+// after round, with the right sums (the engine shares one stream entry among them).
+TEST(GpuStreams, RanksOnThreadsSharingOneStreamWithoutAGroupComplete) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 4;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  std::vector<ncclComm_t> comms = initThreads(n);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  RankBuffers b(n, 4096);
+  for (int r = 0; r < n; ++r) b.fill(r, 1.0f, stream);
+  onThreads(n, [&](int r) {
+    for (int round = 0; round < 5; ++round) {
+      EXPECT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], b.count, ncclFloat, ncclSum,
+                              comms[size_t(r)], stream),
+                ncclSuccess);
+    }
+  });
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(b.check(r, 1024.0f, stream), "");  // 4^5
+  destroyAll(comms);
   cudaStreamDestroy(stream);
 }
 
@@ -189,7 +250,7 @@ TEST(GpuGraphs, CapturedAllReduceGivesTheRightResultOnEveryReplay) {
     };
     float* buf = b.bufs[size_t(r)];
     // Eager first: the links are made outside the capture.
-    b.fill(r, 1.0f);
+    b.fill(r, 1.0f, s);
     if (ncclAllReduce(buf, buf, b.count, ncclFloat, ncclSum, comms[size_t(r)], s) != ncclSuccess)
       return fail(std::string("eager: ") + ncclGetLastError(comms[size_t(r)]));
     cudaStreamSynchronize(s);
@@ -202,10 +263,10 @@ TEST(GpuGraphs, CapturedAllReduceGivesTheRightResultOnEveryReplay) {
       return fail(std::string("capture: ") + ncclGetLastError(comms[size_t(r)]));
     if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return fail("instantiate");
     for (int k = 1; k <= 3; ++k) {
-      b.fill(r, float(k * (r + 1)));
+      b.fill(r, float(k * (r + 1)), s);
       if (cudaGraphLaunch(exec, s) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess)
         return fail("replay " + std::to_string(k));
-      std::string bad = b.check(r, float(k * 3));  // k*1 + k*2
+      std::string bad = b.check(r, float(k * 3), s);  // k*1 + k*2
       if (!bad.empty()) return fail("replay " + std::to_string(k) + ": " + bad);
     }
     cudaGraphExecDestroy(exec);

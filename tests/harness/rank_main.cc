@@ -89,6 +89,14 @@ int main(int argc, char** argv) {
       return 1;
     }
 #endif
+    if (device) {
+      std::string err =
+          tutti::test::reserveDeviceMemory(tutti::test::matrixCases(size, fifo), size);
+      if (!err.empty()) {
+        fprintf(stderr, "%s\n", err.c_str());
+        return 1;
+      }
+    }
     std::vector<std::string> bad = tutti::test::runCases(
         comm, rank, size, tutti::test::matrixCases(size, fifo), 10,
         device ? tutti::test::Memory::kDevice : tutti::test::Memory::kHost, stream);

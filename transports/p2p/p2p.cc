@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 
@@ -97,10 +98,20 @@ class P2pConnection : public Connection {
     cudaGetLastError();
   }
   Status health() const override { return Status::Ok(); }
-  // The control block is GPU memory (device mode), which the host cannot write; a kernel
-  // waiting on a peer that left ends through its own communicator's abort flag or deadline.
+  // Tell the peer's kernels this side is gone: they poll FifoCtrl::broken while they wait.
   void breakLink() override {
-    if (m_.mode == kMapped) static_cast<FifoCtrl*>(m_.host)->broken.store(1);
+    if (m_.mode == kMapped) {
+      static_cast<FifoCtrl*>(m_.host)->broken.store(1);
+      return;
+    }
+    // GPU memory: set from a stream of its own, which runs beside the kernels it stops.
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess) {
+      cudaMemsetAsync(m_.dev + offsetof(FifoCtrl, broken), 1, sizeof(uint32_t), s);
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+    }
+    cudaGetLastError();
   }
   const char* transportName() const override { return m_.mode == kDevice ? "p2p" : "shm/mapped"; }
 
