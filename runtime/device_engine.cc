@@ -251,13 +251,16 @@ Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {
 // Ring links (all ranks, at the same collective) end with a barrier of all ranks; links of
 // sends and receives with a handshake with each new peer.
 Status DeviceEngine::connect(const devplan::Config& cfg, const CollArgs* ops, size_t nops) {
-  // Every rank makes its ring links at the same collective: the first one.
-  const bool ringNew =
-      devplan::usesRing(cfg, ops, nops) && !links_->send((cfg.rank + 1) % cfg.nranks, 0);
+  // Every rank makes its ring links at the same collective: the first one. (Not "whether the
+  // link to the next rank exists": a send to it may have made that one earlier on one rank.)
+  const bool ringNew = devplan::usesRing(cfg, ops, nops) && !ringConnected_;
   std::vector<int> made;
   TUTTI_TRY(links_->ensure(devplan::linkNeeds(cfg, ops, nops), &made));
   Bootstrap* b = comm_.bootstrap();
-  if (ringNew) return b->barrier().withContext("after making the ring's GPU links");
+  if (ringNew) {
+    ringConnected_ = true;
+    return b->barrier().withContext("after making the ring's GPU links");
+  }
   constexpr uint32_t kReadyTag = 0x4d7f0000u;
   uint32_t token = 1;
   for (int peer : made) TUTTI_TRY(b->send(peer, kReadyTag, &token, sizeof(token)));

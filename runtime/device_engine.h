@@ -78,10 +78,11 @@ class DeviceEngine {
   size_t llMaxBytes_;
   size_t channelBytes_;
   double timeoutS_;
-  int proto_ = -1;           // NCCL_PROTO: -1 automatic
-  int siblings_ = 0;         // other ranks of this comm in this process on this GPU
-  uint64_t groupCount_ = 0;  // device groups prepared so far
-  uint64_t groupSeq_ = 0;    // the prepared group's number
+  int proto_ = -1;              // NCCL_PROTO: -1 automatic
+  int siblings_ = 0;            // other ranks of this comm in this process on this GPU
+  uint64_t groupCount_ = 0;     // device groups prepared so far
+  bool ringConnected_ = false;  // the first collective made every channel's ring links
+  uint64_t groupSeq_ = 0;       // the prepared group's number
   bool groupSeqValid_ = false;
   bool warnedShared_ = false;
   devplan::Plan plan_;                // the prepared group
