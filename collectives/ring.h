@@ -41,6 +41,19 @@ struct RingArgs {
 TUTTI_HD inline int ringMod(int a, int n) { return ((a % n) + n) % n; }
 TUTTI_HD inline size_t minSize(size_t a, size_t b) { return a < b ? a : b; }
 
+// Units one step moves: a slot's worth for big messages; for mid-sized ones about `steps`
+// steps per channel share, so a message still crosses pipelined; never below minUnits (a step
+// costs a counter round trip) nor above the slot. A multiple of 64 where it is cut.
+TUTTI_HD inline size_t pipelinedChunk(size_t slotUnits, size_t share, int nch, size_t steps,
+                                      size_t minUnits) {
+  const size_t want = (share / static_cast<size_t>(nch) / steps + 63) / 64 * 64;
+  return minSize(slotUnits, want > minUnits ? want : minUnits);
+}
+// Each channel's contiguous share of count units: a multiple of 64, so shares stay aligned.
+TUTTI_HD inline size_t channelShare(size_t count, int nch) {
+  return ((count + static_cast<size_t>(nch) - 1) / static_cast<size_t>(nch) + 63) / 64 * 64;
+}
+
 // The part of `left` elements that block j of n gets when split as evenly as possible.
 struct Split {
   size_t per, left;

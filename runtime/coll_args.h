@@ -16,6 +16,14 @@ enum class CollKind : int {
   kRecv
 };
 
+// "AllReduce", ... for logs and messages.
+inline const char* collKindName(CollKind k) {
+  static const char* const kNames[] = {"AllReduce", "AllGather", "ReduceScatter", "Broadcast",
+                                       "Reduce",    "Send",      "Recv"};
+  const int i = static_cast<int>(k);
+  return i >= 0 && i < 7 ? kNames[i] : "?";
+}
+
 // A resolved ncclRedOp_t: the binary function plus NCCL's implied scalings.
 struct RedOpSpec {
   int fn = 0;                       // cpu::RedFn: sum, prod, max, min

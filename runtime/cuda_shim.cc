@@ -83,24 +83,15 @@ Status deviceFree(void* ptr) {
   return e == cudaSuccess ? Status::Ok() : cudaStatus("cudaFree", e);
 }
 
-bool isDevicePointer(const void* ptr) {
-  if (deviceCount() == 0 || !ptr) return false;
+PointerKind pointerKind(const void* ptr) {
+  if (deviceCount() == 0 || !ptr) return {};
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return {};
   }
-  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
-}
-
-int pointerDevice(const void* ptr) {
-  if (deviceCount() == 0 || !ptr) return -1;
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  return attr.type == cudaMemoryTypeDevice ? attr.device : -1;
+  if (attr.type == cudaMemoryTypeDevice) return {true, attr.device};
+  return {attr.type == cudaMemoryTypeManaged, -1};
 }
 
 #else  // !TUTTI_HAVE_CUDA
@@ -117,8 +108,7 @@ Status deviceMalloc(void**, size_t) {
   return Status(Code::kCudaError, "tutti was built without CUDA");
 }
 Status deviceFree(void*) { return Status(Code::kCudaError, "tutti was built without CUDA"); }
-bool isDevicePointer(const void*) { return false; }
-int pointerDevice(const void*) { return -1; }
+PointerKind pointerKind(const void*) { return {}; }
 
 #endif
 

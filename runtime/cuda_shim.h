@@ -22,9 +22,13 @@ std::string unavailableReason();
 
 Status deviceMalloc(void** ptr, size_t bytes);
 Status deviceFree(void* ptr);
-// True when ptr is device (or managed) memory known to the CUDA runtime.
-bool isDevicePointer(const void* ptr);
-// The device a device pointer belongs to (-1 for host, managed or unknown memory).
-int pointerDevice(const void* ptr);
+// What memory ptr is: device (or managed) memory known to the CUDA runtime, and for device
+// memory the GPU it belongs to (-1 otherwise). One runtime query.
+struct PointerKind {
+  bool device = false;
+  int gpu = -1;
+};
+PointerKind pointerKind(const void* ptr);
+inline bool isDevicePointer(const void* ptr) { return pointerKind(ptr).device; }
 
 }  // namespace tutti::cuda

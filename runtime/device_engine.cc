@@ -67,12 +67,6 @@ class DeviceGuard {
   int saved_ = -1;
 };
 
-const char* kindName(CollKind k) {
-  static const char* const kNames[] = {"AllReduce", "AllGather", "ReduceScatter", "Broadcast",
-                                       "Reduce",    "Send",      "Recv"};
-  return kNames[static_cast<int>(k)];
-}
-
 }  // namespace
 
 DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
@@ -201,7 +195,7 @@ Status DeviceEngine::kernelError() const {
   if (code == dev::kErrNone) return Status::Ok();
   std::atomic_thread_fence(std::memory_order_acquire);
   const std::string where = "rank " + std::to_string(comm_.rank()) + ": nccl" +
-                            kindName(static_cast<CollKind>(e->kind)) + " (opCount " +
+                            collKindName(static_cast<CollKind>(e->kind)) + " (opCount " +
                             std::to_string(e->seq) + ", channel " + std::to_string(e->channel) +
                             ") on GPU " + std::to_string(comm_.cudaDev());
   switch (code) {
@@ -293,7 +287,6 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   TUTTI_TRY(
       connect(cfg, ops, nops).withContext("rank " + std::to_string(r) + ": connecting GPU links"));
   groupSeq_ = groupCount_++;  // the same on every rank: each prepares the same groups
-  groupSeqValid_ = true;
   auto link = [this](int peer, int channel, bool send) -> const transport::FifoView* {
     return send ? links_->send(peer, channel) : links_->recv(peer, channel);
   };
@@ -318,10 +311,10 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
       TUTTI_INFO(log::kColl,
                  "%s: opCount %llx sendbuff %p recvbuff %p count %llu root %d comm %p "
                  "[nranks=%d] nchannels %d proto %s (GPU %d)",
-                 kindName(static_cast<CollKind>(d.kind)), static_cast<unsigned long long>(d.seq),
-                 d.send, d.recv, static_cast<unsigned long long>(d.count), d.root,
-                 static_cast<void*>(&comm_), comm_.nranks(), d.nch,
-                 l.proto == dev::kLL ? "LL" : "Simple", comm_.cudaDev());
+                 collKindName(static_cast<CollKind>(d.kind)),
+                 static_cast<unsigned long long>(d.seq), d.send, d.recv,
+                 static_cast<unsigned long long>(d.count), d.root, static_cast<void*>(&comm_),
+                 comm_.nranks(), d.nch, l.proto == dev::kLL ? "LL" : "Simple", comm_.cudaDev());
     }
   }
   return Status::Ok();
@@ -355,15 +348,15 @@ void releaseEvent(cudaEvent_t e) {  // gSharedMu held
 }
 }  // namespace
 
-Status DeviceEngine::enterStream(void* s) {
+Status DeviceEngine::enterStream(void* s, bool grouped) {
   auto own = static_cast<cudaStream_t>(stream_);
   auto stream = static_cast<cudaStream_t>(s);
-  if (siblings_ == 0 || !groupSeqValid_) {
-    TUTTI_TRY(cudaCheck("cudaEventRecord on the caller's stream",
-                        cudaEventRecord(static_cast<cudaEvent_t>(entry_), stream)));
-    return cudaCheck("cudaStreamWaitEvent",
-                     cudaStreamWaitEvent(own, static_cast<cudaEvent_t>(entry_), 0));
-  }
+  // The own stream waits for what the caller's stream holds now.
+  auto fence = [&](cudaEvent_t e) {
+    Status st = cudaCheck("cudaEventRecord on the caller's stream", cudaEventRecord(e, stream));
+    return st.ok() ? cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, e, 0)) : st;
+  };
+  if (siblings_ == 0) return fence(static_cast<cudaEvent_t>(entry_));
   std::lock_guard<std::mutex> lock(gSharedMu);
   for (auto it = gShared.begin(); it != gShared.end(); ++it) {
     if (it->commHash != comm_.commHash() || it->stream != s || it->seq != groupSeq_) continue;
@@ -372,7 +365,7 @@ Status DeviceEngine::enterStream(void* s) {
       releaseEvent(it->event);
       gShared.erase(it);
     }
-    if (!warnedShared_) {
+    if (!grouped && !warnedShared_) {
       warnedShared_ = true;
       TUTTI_WARN(
           "rank %d shares stream %p with another rank of its communicator on GPU %d, called "
@@ -391,9 +384,7 @@ Status DeviceEngine::enterStream(void* s) {
   } else {
     TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
   }
-  Status st = cudaCheck("cudaEventRecord on the caller's stream", cudaEventRecord(e, stream));
-  if (st.ok()) st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, e, 0));
-  if (!st.ok()) {
+  if (Status st = fence(e); !st.ok()) {
     releaseEvent(e);
     return st;
   }
@@ -406,11 +397,11 @@ Status DeviceEngine::enterStream(void* s) {
   return Status::Ok();
 }
 
-Status DeviceEngine::enter() {
+Status DeviceEngine::enter(bool grouped) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!ready_) return Status::Ok();
   DeviceGuard guard(comm_.cudaDev());
-  for (void* s : streams_) TUTTI_TRY(enterStream(s));
+  for (void* s : streams_) TUTTI_TRY(enterStream(s, grouped));
   return Status::Ok();
 }
 
@@ -464,7 +455,7 @@ Status DeviceEngine::plan(const CollArgs*, size_t) { return Status::Ok(); }
 Status DeviceEngine::prepare(const CollArgs*, size_t) {
   return invalidUsage("tutti was built without CUDA: no GPU buffers");
 }
-Status DeviceEngine::enter() { return Status::Ok(); }
+Status DeviceEngine::enter(bool grouped) { return Status::Ok(); }
 Status DeviceEngine::launch() { return Status::Ok(); }
 Status DeviceEngine::leave() { return Status::Ok(); }
 Status DeviceEngine::launchPrepared() { return Status::Ok(); }

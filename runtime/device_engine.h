@@ -37,7 +37,8 @@ class DeviceEngine {
   // Plans one group's device operations and makes their links (every rank must take part,
   // as in Links::ensure); nothing is launched yet.
   Status prepare(const CollArgs* ops, size_t n);
-  Status enter();
+  // grouped: every communicator of the caller's group enters before any launches (runBatches).
+  Status enter(bool grouped = false);
   Status launch();
   Status leave();
   // All three, for one communicator.
@@ -53,7 +54,7 @@ class DeviceEngine {
  private:
   Status init();
   Status plan(const CollArgs* ops, size_t n);  // prepare() under mu_
-  Status enterStream(void* stream);
+  Status enterStream(void* stream, bool grouped);
   Status connect(const devplan::Config& cfg, const CollArgs* ops, size_t n);
   void clearPlan() {
     plan_ = devplan::Plan{};
@@ -83,7 +84,6 @@ class DeviceEngine {
   uint64_t groupCount_ = 0;     // device groups prepared so far
   bool ringConnected_ = false;  // the first collective made every channel's ring links
   uint64_t groupSeq_ = 0;       // the prepared group's number
-  bool groupSeqValid_ = false;
   bool warnedShared_ = false;
   devplan::Plan plan_;                // the prepared group
   std::vector<const void*> kernels_;  // one per plan_.launches

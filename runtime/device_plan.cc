@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "collectives/ring.h"
 #include "runtime/dtype.h"
 
 namespace tutti::devplan {
@@ -119,10 +120,8 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     const size_t perRankShare = op.kind == CollKind::kAllReduce ? count / size_t(n) : count;
     size_t chunk = slotUnits;
     if (sh.proto == dev::kSimple && n > 1) {
-      const size_t minUnits = std::max<size_t>(kMinChunkBytes / unit, 1);
-      chunk = std::min(
-          slotUnits,
-          std::max(minUnits, (perRankShare / size_t(sh.nch) / kPipelineSteps + 63) / 64 * 64));
+      chunk = algo::pipelinedChunk(slotUnits, perRankShare, sh.nch, kPipelineSteps,
+                                   std::max<size_t>(kMinChunkBytes / unit, 1));
     }
     dev::DevOp d;
     d.kind = static_cast<int32_t>(op.kind);
@@ -131,7 +130,7 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     d.recv = op.recv;
     d.count = count;
     d.stride = count;
-    d.per = ((count + size_t(sh.nch) - 1) / size_t(sh.nch) + 63) / 64 * 64;
+    d.per = algo::channelShare(count, sh.nch);
     d.chunk = chunk;
     d.nch = sh.nch;
     d.proto = sh.proto;

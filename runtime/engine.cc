@@ -27,26 +27,6 @@ constexpr int kChannelCap = 16;
 constexpr size_t kPipelineSteps = 4;
 constexpr size_t kMinChunkBytes = 16 << 10;
 
-const char* kindName(CollKind k) {
-  switch (k) {
-    case CollKind::kAllReduce:
-      return "AllReduce";
-    case CollKind::kAllGather:
-      return "AllGather";
-    case CollKind::kReduceScatter:
-      return "ReduceScatter";
-    case CollKind::kBroadcast:
-      return "Broadcast";
-    case CollKind::kReduce:
-      return "Reduce";
-    case CollKind::kSend:
-      return "Send";
-    case CollKind::kRecv:
-      return "Recv";
-  }
-  return "?";
-}
-
 }  // namespace
 
 Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
@@ -162,7 +142,7 @@ Status Engine::runCollective(const CollArgs& op) {
   TUTTI_INFO(log::kColl,
              "%s: opCount %llx sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm "
              "%p [nranks=%d] nchannels %d",
-             kindName(op.kind), static_cast<unsigned long long>(seq), op.send,
+             collKindName(op.kind), static_cast<unsigned long long>(seq), op.send,
              static_cast<void*>(op.recv), op.count, op.dtype, op.op, op.root,
              static_cast<void*>(&comm_), n, nch);
 
@@ -198,13 +178,11 @@ Status Engine::runCollective(const CollArgs& op) {
   const size_t unit = bytes ? 1 : elem;
   const size_t slotUnits = comm_.links().ringSlotBytes() / unit;
   const size_t perRankShare = op.kind == CollKind::kAllReduce ? count / size_t(n) : count;
-  const size_t minUnits = std::max<size_t>(kMinChunkBytes / unit, 1);
   // Never more than a slot holds (a small NCCL_BUFFSIZE can make slots smaller than
   // kMinChunkBytes).
-  const size_t chunk = std::min(
-      slotUnits, std::max(minUnits, (perRankShare / size_t(nch) / kPipelineSteps + 63) / 64 * 64));
-  // Each channel takes a contiguous share, a multiple of 64 units so shares stay aligned.
-  const size_t per = ((count + size_t(nch) - 1) / size_t(nch) + 63) / 64 * 64;
+  const size_t chunk = algo::pipelinedChunk(slotUnits, perRankShare, nch, kPipelineSteps,
+                                            std::max<size_t>(kMinChunkBytes / unit, 1));
+  const size_t per = algo::channelShare(count, nch);
   auto runChannel = [&](int c) {
     size_t base = std::min(per * size_t(c), count);
     algo::RingArgs ra{r, n, op.root, base, std::min(per, count - base), count, chunk};
@@ -263,7 +241,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
     if (bytes == 0) continue;  // a zero-byte send/recv moves nothing on either side
     bool isSend = op->kind == CollKind::kSend;
     TUTTI_INFO(log::kP2p, "%s: opCount %llx buff %p count %zu datatype %d peer %d comm %p",
-               kindName(op->kind), static_cast<unsigned long long>(seq),
+               collKindName(op->kind), static_cast<unsigned long long>(seq),
                isSend ? op->send : static_cast<const void*>(op->recv), op->count, op->dtype,
                op->root, static_cast<void*>(&comm_));
     if (op->root == me) {

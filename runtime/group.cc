@@ -63,11 +63,13 @@ Status runBatches(std::vector<Batch>& batches) {
     for (const CollArgs& op : batches[i].ops) any |= op.device;
     if (any && results[i].ok()) dev.push_back(&batches[i].comm->deviceEngine());
   }
-  for (Status (DeviceEngine::*phase)() : {&DeviceEngine::enter, &DeviceEngine::launch}) {
-    for (DeviceEngine* d : dev) {
-      Status s = first.ok() ? (d->*phase)() : Status::Ok();
-      if (first.ok() && !s.ok()) first = s;
-    }
+  for (DeviceEngine* d : dev) {
+    Status s = first.ok() ? d->enter(/*grouped=*/true) : Status::Ok();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  for (DeviceEngine* d : dev) {
+    Status s = first.ok() ? d->launch() : Status::Ok();
+    if (first.ok() && !s.ok()) first = s;
   }
   for (DeviceEngine* d : dev) {
     Status s = d->leave();  // also drops what a failure left unlaunched

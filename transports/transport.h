@@ -54,11 +54,10 @@ struct FifoView {
   int peer = -1;
   int channel = 0;
   Connection* conn = nullptr;
-  // p2p (GPU ranks): the LL slots after the Simple ones, and whether ctrl and the slots are
-  // device addresses (kernels use them; host code must not).
+  // p2p (GPU ranks): ctrl and the slots are device addresses (kernels use them; host code
+  // must not); the LL slots follow the Simple ones.
   char* ll = nullptr;
   size_t llSlotBytes = 0;
-  bool deviceMemory = false;
   uint64_t* ownStep = nullptr;  // sender: its step, in its own GPU memory (dev::DevConn::step)
 
   char* slot(uint64_t s) const { return slots + (s % kSteps) * slotBytes; }

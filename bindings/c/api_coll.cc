@@ -94,23 +94,22 @@ Status validate(const Call& c, Comm* comm, RedOpSpec* red, bool* device) {
     if (needSend && !c.send) return invalidArgument("sendbuff is NULL with count > 0");
     if (needRecv && !c.recv) return invalidArgument("recvbuff is NULL with count > 0");
     // Host buffers run on the CPU engine, GPU buffers as kernels; never one of each.
-    const bool sendDev = needSend && cuda::isDevicePointer(c.send);
-    const bool recvDev = needRecv && cuda::isDevicePointer(c.recv);
-    if (needSend && needRecv && sendDev != recvDev) {
-      return invalidUsage(std::string(sendDev ? "sendbuff" : "recvbuff") + " is GPU memory but " +
-                          (sendDev ? "recvbuff" : "sendbuff") +
+    const cuda::PointerKind sendKind = needSend ? cuda::pointerKind(c.send) : cuda::PointerKind{};
+    const cuda::PointerKind recvKind = needRecv ? cuda::pointerKind(c.recv) : cuda::PointerKind{};
+    if (needSend && needRecv && sendKind.device != recvKind.device) {
+      return invalidUsage(std::string(sendKind.device ? "sendbuff" : "recvbuff") +
+                          " is GPU memory but " + (sendKind.device ? "recvbuff" : "sendbuff") +
                           " is host memory: both must be of one kind");
     }
-    *device = sendDev || recvDev;
+    *device = sendKind.device || recvKind.device;
     if (*device && comm->cudaDev() < 0) {
       return invalidUsage("GPU buffers on rank " + std::to_string(comm->rank()) +
                           ", a CPU rank (its communicator has no CUDA device)");
     }
-    for (const void* p : {needSend ? c.send : nullptr, needRecv ? c.recv : nullptr}) {
-      const int d = *device && p ? cuda::pointerDevice(p) : -1;
-      if (d >= 0 && d != comm->cudaDev()) {
+    for (auto [p, kind] : {std::pair{c.send, sendKind}, std::pair{c.recv, recvKind}}) {
+      if (kind.gpu >= 0 && kind.gpu != comm->cudaDev()) {
         return invalidUsage("buffer " + std::to_string(reinterpret_cast<uintptr_t>(p)) +
-                            " is memory of GPU " + std::to_string(d) + " but rank " +
+                            " is memory of GPU " + std::to_string(kind.gpu) + " but rank " +
                             std::to_string(comm->rank()) + "'s communicator is on GPU " +
                             std::to_string(comm->cudaDev()));
       }

@@ -56,7 +56,6 @@ struct EmuFifo {
       v->ll = v->slots + transport::kSteps * kSlotBytes;
       v->llSlotBytes = kLlSlotBytes;
       v->channel = channel;
-      v->deviceMemory = true;
     }
     send.peer = to;
     send.ownStep = &ownStep;

@@ -82,7 +82,6 @@ class P2pConnection : public Connection {
     fifo_.peer = spec.peer;
     fifo_.channel = spec.channel;
     fifo_.conn = this;
-    fifo_.deviceMemory = true;
     fifo_.ownStep = m_.ownStep;
   }
   ~P2pConnection() override {
