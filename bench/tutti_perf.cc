@@ -340,7 +340,11 @@ class Runner {
       }
 #endif
       if (!dev_ && !inPlace) memset(recv, 0xff, recvElems * es);
-      if (call(send, recv, count, op) != ncclSuccess) exit(1);
+      if (ncclResult_t res = call(send, recv, count, op); res != ncclSuccess) {
+        fprintf(stderr, "tutti-perf: rank %d: the checked call: %s: %s\n", r_.rank,
+                ncclGetErrorString(res), ncclGetLastError(r_.comm));
+        exit(1);
+      }
       waitStream();
 #ifdef TUTTI_HAVE_CUDA
       if (dev_) dev_->toHost(hr, recv, recvElems * es);

@@ -100,6 +100,10 @@ DeviceEngine::~DeviceEngine() {
     DeviceGuard guard(comm_.cudaDev());
     if (comm_.aborted()) breakLinks();  // peers' kernels stop before anything is freed
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    for (auto& [st, ev] : directDone_) {
+      cudaEventSynchronize(static_cast<cudaEvent_t>(ev));
+      cudaEventDestroy(static_cast<cudaEvent_t>(ev));
+    }
     comm_.setDeviceAbortWord(nullptr);
     cudaEventDestroy(static_cast<cudaEvent_t>(entry_));
     cudaEventDestroy(static_cast<cudaEvent_t>(done_));
@@ -348,18 +352,23 @@ void releaseEvent(cudaEvent_t e) {  // gSharedMu held
 }
 }  // namespace
 
-Status DeviceEngine::enterStream(void* s, bool grouped) {
+// direct: the group may launch on this stream itself (it names no other). A sibling that
+// finds another rank's entry for this stream and group is a follower: its own stream waits
+// for that entry, and it launches there.
+Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follower) {
   auto own = static_cast<cudaStream_t>(stream_);
   auto stream = static_cast<cudaStream_t>(s);
-  // The own stream waits for what the caller's stream holds now.
-  auto fence = [&](cudaEvent_t e) {
+  if (siblings_ == 0) {
+    if (direct) return Status::Ok();
+    // The own stream waits for what the caller's stream holds now.
+    auto e = static_cast<cudaEvent_t>(entry_);
     Status st = cudaCheck("cudaEventRecord on the caller's stream", cudaEventRecord(e, stream));
     return st.ok() ? cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, e, 0)) : st;
-  };
-  if (siblings_ == 0) return fence(static_cast<cudaEvent_t>(entry_));
+  }
   std::lock_guard<std::mutex> lock(gSharedMu);
   for (auto it = gShared.begin(); it != gShared.end(); ++it) {
     if (it->commHash != comm_.commHash() || it->stream != s || it->seq != groupSeq_) continue;
+    *follower = true;
     Status st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, it->event, 0));
     if (--it->left == 0) {
       releaseEvent(it->event);
@@ -377,6 +386,7 @@ Status DeviceEngine::enterStream(void* s, bool grouped) {
     }
     return st;
   }
+  // The first of the siblings here: records where the stream stands for the others.
   cudaEvent_t e;
   if (!gFreeEvents.empty()) {
     e = gFreeEvents.back();
@@ -384,7 +394,9 @@ Status DeviceEngine::enterStream(void* s, bool grouped) {
   } else {
     TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
   }
-  if (Status st = fence(e); !st.ok()) {
+  Status st = cudaCheck("cudaEventRecord on the caller's stream", cudaEventRecord(e, stream));
+  if (st.ok() && !direct) st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, e, 0));
+  if (!st.ok()) {
     releaseEvent(e);
     return st;
   }
@@ -399,9 +411,13 @@ Status DeviceEngine::enterStream(void* s, bool grouped) {
 
 Status DeviceEngine::enter(bool grouped) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!ready_) return Status::Ok();
+  target_ = stream_;
+  if (!ready_ || (plan_.launches.empty() && plan_.copies.empty())) return Status::Ok();
   DeviceGuard guard(comm_.cudaDev());
-  for (void* s : streams_) TUTTI_TRY(enterStream(s, grouped));
+  const bool direct = streams_.size() == 1;
+  bool follower = false;
+  for (void* s : streams_) TUTTI_TRY(enterStream(s, grouped, direct, &follower));
+  if (direct && !follower) target_ = streams_[0];
   return Status::Ok();
 }
 
@@ -409,26 +425,54 @@ Status DeviceEngine::launch() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!ready_) return Status::Ok();
   DeviceGuard guard(comm_.cudaDev());
-  auto own = static_cast<cudaStream_t>(stream_);
-  for (const devplan::Copy& c : plan_.copies) {
-    TUTTI_TRY(cudaCheck("cudaMemcpyAsync (send to self)",
-                        cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, own)));
-  }
+  auto target = static_cast<cudaStream_t>(target_ ? target_ : stream_);
+  size_t next = 0;  // copies go in plan order among the launches
+  auto copiesBefore = [&](size_t launch) {
+    for (; next < plan_.copies.size() && plan_.copies[next].beforeLaunch <= launch; ++next) {
+      const devplan::Copy& c = plan_.copies[next];
+      TUTTI_TRY(cudaCheck("cudaMemcpyAsync (device to device)",
+                          cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, target)));
+    }
+    return Status::Ok();
+  };
   for (size_t i = 0; i < plan_.launches.size(); ++i) {
+    TUTTI_TRY(copiesBefore(i));
     devplan::Launch& l = plan_.launches[i];
     void* args[] = {&l.work};
-    TUTTI_TRY(cudaCheck("cudaLaunchKernel", cudaLaunchKernel(kernels_[i], dim3(unsigned(l.blocks)),
-                                                             dim3(dev::kThreads), args, 0, own)));
+    TUTTI_TRY(
+        cudaCheck("cudaLaunchKernel", cudaLaunchKernel(kernels_[i], dim3(unsigned(l.blocks)),
+                                                       dim3(dev::kThreads), args, 0, target)));
   }
-  return Status::Ok();
+  return copiesBefore(plan_.launches.size());
 }
 
 Status DeviceEngine::leave() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!ready_) return Status::Ok();
+  if (!ready_ || (plan_.launches.empty() && plan_.copies.empty())) {
+    clearPlan();
+    return Status::Ok();
+  }
   DeviceGuard guard(comm_.cudaDev());
   auto own = static_cast<cudaStream_t>(stream_);
-  Status st = cudaCheck("cudaEventRecord", cudaEventRecord(static_cast<cudaEvent_t>(done_), own));
+  Status st;
+  if (target_ && target_ != stream_) {
+    // Launched on the caller's stream: stream order is the fence. An event marks the
+    // kernels' end for the destructor.
+    auto it = std::find_if(directDone_.begin(), directDone_.end(),
+                           [&](const std::pair<void*, void*>& d) { return d.first == target_; });
+    if (it == directDone_.end()) {
+      cudaEvent_t e;
+      st = cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      if (st.ok()) it = directDone_.insert(directDone_.end(), {target_, e});
+    }
+    if (st.ok()) {
+      st = cudaCheck("cudaEventRecord", cudaEventRecord(static_cast<cudaEvent_t>(it->second),
+                                                        static_cast<cudaStream_t>(target_)));
+    }
+    clearPlan();
+    return st;
+  }
+  st = cudaCheck("cudaEventRecord", cudaEventRecord(static_cast<cudaEvent_t>(done_), own));
   for (void* s : streams_) {
     if (!st.ok()) break;
     st = cudaCheck(

@@ -1,13 +1,17 @@
 // The CUDA engine: operations on GPU buffers run as device kernels (kernels/cuda) over FIFOs
 // of the p2p transport, enqueued on the caller's stream and returning at once.
 //
-// Each communicator has a stream of its own. A group's kernels run there, fenced to the
-// caller's streams by events: the own stream waits for every caller stream's work issued so
-// far (enter), the kernels are launched (launch), and the caller streams wait for them
-// (leave). Ranks that share a GPU spin on each other's FIFOs, so their kernels must run at
-// the same time; the three phases let one thread drive several communicators in one group
-// (the ncclCommInitAll pattern) with all its entries recorded before any kernel can block a
-// stream, and caps on blocks per launch keep every rank's kernels resident together.
+// A group that names one stream launches its kernels on that stream directly: nothing but
+// the launches (and an event for the destructor to wait on) is added to it. Otherwise the
+// group runs on the communicator's own stream, fenced to the caller's streams by events: the
+// own stream waits for every caller stream's work issued so far (enter), the kernels are
+// launched (launch), and the caller streams wait for them (leave). Ranks that share a GPU
+// spin on each other's FIFOs, so their kernels must run at the same time: when siblings (ranks
+// of this communicator in this process on this GPU) pass one stream, the first to enter
+// launches on it and the others on their own streams, fenced to the point the first one
+// recorded (see enterStream). The three phases let one thread drive several communicators in
+// one group (the ncclCommInitAll pattern) with all its entries recorded before any kernel can
+// block a stream, and caps on blocks per launch keep every rank's kernels resident together.
 // Works under CUDA graph capture: every step is stream-ordered and the kernels find their
 // FIFO positions in the FIFO counters, not in launch arguments.
 #pragma once
@@ -54,7 +58,7 @@ class DeviceEngine {
  private:
   Status init();
   Status plan(const CollArgs* ops, size_t n);  // prepare() under mu_
-  Status enterStream(void* stream, bool grouped);
+  Status enterStream(void* stream, bool grouped, bool direct, bool* follower);
   Status connect(const devplan::Config& cfg, const CollArgs* ops, size_t n);
   void clearPlan() {
     plan_ = devplan::Plan{};
@@ -88,6 +92,10 @@ class DeviceEngine {
   devplan::Plan plan_;                // the prepared group
   std::vector<const void*> kernels_;  // one per plan_.launches
   std::vector<void*> streams_;        // the distinct caller streams of the prepared group
+  void* target_ = nullptr;            // where the prepared group launches: a caller's or own
+  // Caller streams this communicator launched on directly, each with an event recorded after
+  // its latest kernels (the destructor waits for them before freeing FIFOs).
+  std::vector<std::pair<void*, void*>> directDone_;
 };
 
 }  // namespace tutti

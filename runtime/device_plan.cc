@@ -69,6 +69,7 @@ dev::DevConn devConn(const transport::FifoView* f) {
   c.ll = f->ll;
   c.llSlotBytes = f->llSlotBytes;
   c.peer = f->peer;
+  c.gpuScope = f->gpuScope ? 1 : 0;
   return c;
 }
 
@@ -106,6 +107,15 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
   for (size_t i = 0; i < nops; ++i) {
     const CollArgs& op = ops[i];
     if (p2p(op.kind)) continue;
+    // One rank: the result is the input (Avg divides by 1, exactly), so a copy, or nothing
+    // in place. Only a PreMulSum scalar needs the kernel.
+    if (n == 1 && !op.red.pre) {
+      nextSeq();
+      size_t bytes = op.count * dtypeSize(op.dtype);
+      if (bytes > 0 && op.send != op.recv)
+        out->copies.push_back({op.send, op.recv, bytes, out->launches.size()});
+      continue;
+    }
     const Shape sh = shapeOf(cfg, op);
     const size_t elem = dtypeSize(op.dtype);
     const bool bytes = copyOnly(op.kind);
@@ -199,7 +209,7 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
       return invalidUsage("rank " + std::to_string(r) + " sends " + std::to_string(s) +
                           " bytes to itself where it receives " + std::to_string(d));
     }
-    out->copies.push_back({selfSends[i]->send, selfRecvs[i]->recv, s});
+    out->copies.push_back({selfSends[i]->send, selfRecvs[i]->recv, s, out->launches.size()});
   }
   if (l.work.nops > 0) {
     l.blocks = int(blocks.size());

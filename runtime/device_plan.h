@@ -38,11 +38,14 @@ struct Launch {
   int blocks = 0;
   dev::DevWork work;
 };
-// A rank's send to itself, met by its receive from itself: a device-to-device copy.
+// A device-to-device copy: a rank's send to itself met by its receive from itself, or a
+// one-rank collective (its result is its input). Runs before launches[beforeLaunch] (after
+// all of them when that is launches.size()), so a group's operations keep their order.
 struct Copy {
   const void* src;
   void* dst;
   size_t bytes;
+  size_t beforeLaunch = 0;
 };
 struct Plan {
   std::vector<Launch> launches;

@@ -59,6 +59,7 @@ struct FifoView {
   char* ll = nullptr;
   size_t llSlotBytes = 0;
   uint64_t* ownStep = nullptr;  // sender: its step, in its own GPU memory (dev::DevConn::step)
+  bool gpuScope = false;        // both ends on one GPU in one process (dev::DevConn::gpuScope)
 
   char* slot(uint64_t s) const { return slots + (s % kSteps) * slotBytes; }
 };

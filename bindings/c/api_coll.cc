@@ -195,6 +195,10 @@ ncclResult_t enqueue(const Call& c) {
     comm->unpin();
     return fail(c.fn, s);
   }
+  if (c.count == 0) {  // nothing to move: no engine, no kernel (its buffers may be anything)
+    comm->unpin();
+    return ncclSuccess;
+  }
   Status s;
   if (c.kind == Kind::kAlltoAll || c.kind == Kind::kGather || c.kind == Kind::kScatter) {
     std::vector<CollArgs> ops = expand(c, comm, red, device);

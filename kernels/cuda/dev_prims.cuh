@@ -24,8 +24,9 @@ namespace tutti::dev {
 
 #if defined(TUTTI_DEV_EMULATION)
 // CPU emulation (kernels/cuda/dev_emu.h): the same orderings with compiler atomics.
-inline uint64_t ldAcquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-inline void stRelease(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+inline uint64_t ldAcquire(const uint64_t* p, bool) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline void stRelease(uint64_t* p, uint64_t v, bool) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+inline void fenceBefore(bool) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline uint64_t ldVolatile(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 inline void stVolatile(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
 inline uint32_t ldFlag(const volatile uint32_t* p) {
@@ -56,13 +57,31 @@ inline bool loadLine(const char* line, uint32_t flag, uint64_t* v) {
 // Spinning threads outnumber the cores here: let the one being waited for run.
 inline void spinPause() { sched_yield(); }
 #else
-__device__ __forceinline__ uint64_t ldAcquire(const uint64_t* p) {
+// gpu: both ends run on this GPU in this process (DevConn::gpuScope), so device scope orders
+// enough; otherwise system scope (another GPU, another process, or mapped host memory).
+__device__ __forceinline__ uint64_t ldAcquire(const uint64_t* p, bool gpu) {
   uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  if (gpu) {
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  } else {
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  }
   return v;
 }
-__device__ __forceinline__ void stRelease(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+__device__ __forceinline__ void stRelease(uint64_t* p, uint64_t v, bool gpu) {
+  if (gpu) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  } else {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  }
+}
+// Orders this thread's (and, after a barrier, its block's) earlier writes before what follows.
+__device__ __forceinline__ void fenceBefore(bool gpu) {
+  if (gpu) {
+    __threadfence();
+  } else {
+    __threadfence_system();
+  }
 }
 __device__ __forceinline__ uint64_t ldVolatile(const uint64_t* p) {
   return *reinterpret_cast<const volatile uint64_t*>(p);
@@ -231,7 +250,7 @@ struct PrimsBase {
       const uint64_t step = ctx.sh->sendStep;
       uint64_t since = 0;
       int spins = 0;
-      while (ldAcquire(sc->head) + kSteps <= step) {
+      while (ldAcquire(sc->head, sc->gpuScope) + kSteps <= step) {
         spinPause();
         if (++spins == kSpinsPerCheck) {
           spins = 0;
@@ -254,7 +273,7 @@ struct PrimsBase {
   __device__ void releaseRecv(bool stop) {
     if (!vote(stop)) return;
     if (threadIdx.x == 0) {
-      stRelease(rc->head, ctx.sh->recvStep + 1);
+      stRelease(rc->head, ctx.sh->recvStep + 1, rc->gpuScope);
       ctx.sh->recvStep += 1;
     }
     __syncthreads();
@@ -285,7 +304,7 @@ struct SimplePrims : PrimsBase<T, F> {
       const uint64_t step = ctx.sh->recvStep;
       uint64_t since = 0;
       int spins = 0;
-      while (ldAcquire(rc->tail) <= step) {
+      while (ldAcquire(rc->tail, rc->gpuScope) <= step) {
         spinPause();
         if (++spins == kSpinsPerCheck) {
           spins = 0;
@@ -306,10 +325,10 @@ struct SimplePrims : PrimsBase<T, F> {
   __device__ void postSend(size_t n, bool last = false) {
     __syncthreads();
     if (threadIdx.x == 0) {
-      __threadfence_system();  // the block's slot writes before the counter
+      fenceBefore(sc->gpuScope);  // the block's slot writes before the counter
       const uint64_t step = ctx.sh->sendStep;
       stVolatile(sc->sizes + step % kSteps, n * sizeof(T) | (last ? kLastSlot : 0));
-      stRelease(sc->tail, step + 1);
+      stRelease(sc->tail, step + 1, sc->gpuScope);
       B::advanceSend();
     }
     __syncthreads();
@@ -465,7 +484,7 @@ struct LLPrims : PrimsBase<T, F> {
     if (threadIdx.x == 0) {
       if (kSend) B::advanceSend();  // bookkeeping only: receivers poll the lines
       if (kRecv) {
-        stRelease(rc->head, ctx.sh->recvStep + 1);
+        stRelease(rc->head, ctx.sh->recvStep + 1, rc->gpuScope);
         ctx.sh->recvStep += 1;
       }
     }

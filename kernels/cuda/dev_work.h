@@ -10,7 +10,7 @@
 
 namespace tutti::dev {
 
-constexpr int kMaxChannels = 8;
+constexpr int kMaxChannels = 16;
 constexpr int kMaxOps = 16;
 constexpr int kThreads = 512;  // threads per block: they share each slot's work
 constexpr int kSteps = 8;      // slots per FIFO (transports/transport.h: kSteps)
@@ -51,7 +51,9 @@ struct DevConn {
   char* ll = nullptr;  // LL: kSteps slots of llSlotBytes of 16-byte lines
   uint64_t llSlotBytes = 0;
   int32_t peer = -1;
-  int32_t pad = 0;
+  // Both ends run on one GPU in one process, the FIFO in its memory: device-scope ordering
+  // suffices (cheaper than system scope, which other GPUs, processes and host memory need).
+  int32_t gpuScope = 0;
 };
 
 struct DevChannel {

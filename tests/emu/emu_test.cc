@@ -32,7 +32,12 @@ namespace {
 
 constexpr size_t kSlotBytes = 1024;    // NCCL_BUFFSIZE 8192, as the other matrices
 constexpr size_t kLlSlotBytes = 1024;  // 512 payload bytes per LL step
-constexpr unsigned kThreadsPerBlock = 2;
+// TUTTI_EMU_* variables change the set-up by hand (to mimic a GPU run's configuration).
+size_t envOr(const char* name, size_t v) {
+  const char* s = getenv(name);
+  return s && *s ? size_t(strtoull(s, nullptr, 10)) : v;
+}
+const unsigned kThreadsPerBlock = unsigned(envOr("TUTTI_EMU_THREADS", 2));
 
 // One FIFO (sender -> receiver, one channel) in host memory: control block, Simple slots, LL
 // slots, and the sender's own step word.
@@ -81,9 +86,9 @@ struct EmuComm {
 
   explicit EmuComm(int n, int proto = -1) : n(n) {
     cfg.nranks = n;
-    cfg.maxChannels = 2;
-    cfg.channelBytes = 2048;  // two channels from 2 KiB on
-    cfg.llMaxBytes = 1024;    // LL up to 1 KiB per channel, Simple above
+    cfg.maxChannels = int(envOr("TUTTI_EMU_CHANNELS", 2));
+    cfg.channelBytes = envOr("TUTTI_EMU_CHANNEL_BYTES", 2048);  // two channels from 2 KiB on
+    cfg.llMaxBytes = envOr("TUTTI_EMU_LL_MAX_BYTES", 1024);     // LL up to 1 KiB per channel
     cfg.proto = proto;
     cfg.oneRankChunkBytes = 4096;
     for (int i = 0; i < n * n * dev::kMaxChannels; ++i) {
@@ -109,14 +114,21 @@ struct EmuComm {
     Status s = devplan::plan(
         c, ops.data(), ops.size(), link, [&] { return st.seq++; }, &plan);
     if (!s.ok()) return "plan: " + s.message();
-    for (const devplan::Copy& cp : plan.copies) memcpy(cp.dst, cp.src, cp.bytes);
-    for (devplan::Launch& l : plan.launches) {
+    size_t next = 0;  // copies in plan order among the launches, as the engine runs them
+    auto copiesBefore = [&](size_t i) {
+      for (; next < plan.copies.size() && plan.copies[next].beforeLaunch <= i; ++next)
+        memcpy(plan.copies[next].dst, plan.copies[next].src, plan.copies[next].bytes);
+    };
+    for (size_t i = 0; i < plan.launches.size(); ++i) {
+      copiesBefore(i);
+      devplan::Launch& l = plan.launches[i];
       l.work.abortFlag = &st.abort;
       l.work.err = &st.err;
       l.work.errClaim = &st.claim;
       l.work.timeoutNs = timeoutNs;
       emuLaunch(l.dtype, l.fn, l.proto, unsigned(l.blocks), kThreadsPerBlock, &l.work);
     }
+    copiesBefore(plan.launches.size());
     const uint32_t code = __atomic_load_n(&st.err.code, __ATOMIC_ACQUIRE);
     if (code != dev::kErrNone) {
       return "kernel error " + std::to_string(code) + " waiting for rank " +

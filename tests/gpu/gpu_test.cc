@@ -60,13 +60,19 @@ class ThreadBarrier {
     if (!why.empty()) GTEST_SKIP() << why << " (GPU test)"; \
   } while (0)
 
+// The value already in the environment if there is one (to chase a failure by hand), else v.
+const char* orEnv(const char* name, const char* v) {
+  const char* set = getenv(name);
+  return set && *set ? set : v;
+}
+
 // Small slots everywhere, so the matrix's counts cross many steps of both protocols, and
 // several channels even for small operations.
 struct SmallFifos {
-  ScopedEnv buff{"NCCL_BUFFSIZE", std::to_string(kFifoBytes).c_str()};
-  ScopedEnv ll{"TUTTI_LL_SLOT_BYTES", "1024"};
-  ScopedEnv ch{"TUTTI_DEV_CHANNEL_BYTES", "4096"};
-  ScopedEnv timeout{"TUTTI_TIMEOUT", "60"};
+  ScopedEnv buff{"NCCL_BUFFSIZE", orEnv("NCCL_BUFFSIZE", "8192")};
+  ScopedEnv ll{"TUTTI_LL_SLOT_BYTES", orEnv("TUTTI_LL_SLOT_BYTES", "1024")};
+  ScopedEnv ch{"TUTTI_DEV_CHANNEL_BYTES", orEnv("TUTTI_DEV_CHANNEL_BYTES", "4096")};
+  ScopedEnv timeout{"TUTTI_TIMEOUT", orEnv("TUTTI_TIMEOUT", "60")};
 };
 
 struct GpuSetup {

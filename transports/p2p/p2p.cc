@@ -71,6 +71,7 @@ class P2pConnection : public Connection {
     uint64_t* ownStep;  // sender: its step word, in its own GPU memory
     void* host;         // mapped mode: this process's mapping
     size_t bytes;
+    bool gpuScope;  // device mode, both ends on one GPU in one process
     std::string shmName;
   };
   P2pConnection(const ConnSpec& spec, size_t llSlotBytes, Memory m) : m_(std::move(m)) {
@@ -83,6 +84,7 @@ class P2pConnection : public Connection {
     fifo_.channel = spec.channel;
     fifo_.conn = this;
     fifo_.ownStep = m_.ownStep;
+    fifo_.gpuScope = m_.gpuScope;
   }
   ~P2pConnection() override {
     if (m_.ownStep) cudaFree(m_.ownStep);
@@ -143,6 +145,7 @@ class P2pTransport : public Transport {
     m.bytes = d.bytes;
     if (deviceModeWith(spec.peer)) {
       d.mode = m.mode = kDevice;
+      m.gpuScope = sameProcess(spec.peer) && sameGpu(spec.peer);
       void* p = nullptr;
       if (cudaError_t e = cudaMalloc(&p, d.bytes); e != cudaSuccess)
         return cudaFailed("cudaMalloc of a " + std::to_string(d.bytes) + "-byte FIFO", e);
@@ -207,6 +210,7 @@ class P2pTransport : public Transport {
       if (sameProcess(spec.peer)) {
         TUTTI_TRY(enablePeerAccess(spec.peer));
         m.dev = reinterpret_cast<char*>(d.devPtr);
+        m.gpuScope = sameGpu(spec.peer);
       } else {
         void* p = nullptr;
         if (cudaError_t e = cudaIpcOpenMemHandle(&p, d.ipc, cudaIpcMemLazyEnablePeerAccess);
@@ -251,6 +255,10 @@ class P2pTransport : public Transport {
   const PeerInfo& me() const { return comm_.peers()[size_t(comm_.rank())]; }
   const PeerInfo& peer(int r) const { return comm_.peers()[size_t(r)]; }
   bool sameProcess(int r) const { return peer(r).pid == me().pid && peer(r).pidNs == me().pidNs; }
+  // The peer's rank runs on this rank's GPU (same host, same bus id).
+  bool sameGpu(int r) const {
+    return peer(r).hostHash == me().hostHash && strcmp(peer(r).busId, me().busId) == 0;
+  }
 
   Status useDevice() const {
     if (cudaError_t e = cudaSetDevice(comm_.cudaDev()); e != cudaSuccess)
