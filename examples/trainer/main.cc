@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "examples/trainer/gpu_model.h"
 #include "examples/trainer/trainer.h"
 #include "tutti.h"
 
@@ -47,8 +48,18 @@ int runThreads(trainer::Options o) {
   const int n = o.threads;
   chooseOverlap(&o, n);
   std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
-  std::vector<int> cpu(static_cast<size_t>(n), -1);  // -1: a CPU rank
-  if (ncclCommInitAll(comms.data(), n, cpu.data()) != ncclSuccess) {
+  std::vector<int> devs(static_cast<size_t>(n), -1);  // -1: a CPU rank
+  if (o.device == "cuda") {
+    const int gpus = trainer::gpuCount();
+    if (gpus == 0) {
+      std::string err;
+      trainer::selectGpu(0, &err);
+      fprintf(stderr, "tutti-train: %s\n", err.c_str());
+      return 1;
+    }
+    for (int r = 0; r < n; ++r) devs[size_t(r)] = r % gpus;  // several ranks may share a GPU
+  }
+  if (ncclCommInitAll(comms.data(), n, devs.data()) != ncclSuccess) {
     fprintf(stderr, "tutti-train: ncclCommInitAll failed: %s\n", ncclGetLastError(nullptr));
     return 1;
   }
@@ -99,11 +110,21 @@ int main(int argc, char** argv) {
 
   ncclComm_t comm = nullptr;
   ncclResult_t rc;
+  if (o.device == "cuda") {  // the GPU of this local rank, before the communicator is made
+    const char* lr = getenv("LOCAL_RANK");
+    if (!lr) lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!lr) lr = getenv("SLURM_LOCALID");
+    if (std::string err; !trainer::selectGpu(lr ? atoi(lr) : 0, &err)) {
+      fprintf(stderr, "tutti-train: %s\n", err.c_str());
+      return 1;
+    }
+  }
   if (launchedByLauncher()) {
     rc = tuttiCommInitFromEnv(&comm);
   } else {
-    int cpu = -1;
-    rc = ncclCommInitAll(&comm, 1, &cpu);  // run alone: a one-rank communicator
+    int dev = -1;
+    if (o.device == "cuda") dev = 0;       // alone: local rank 0, the GPU selectGpu made current
+    rc = ncclCommInitAll(&comm, 1, &dev);  // run alone: a one-rank communicator
   }
   if (rc != ncclSuccess) {
     fprintf(stderr, "tutti-train: could not join the communicator: %s: %s\n",

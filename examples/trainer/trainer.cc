@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "examples/trainer/checkpoint.h"
+#include "examples/trainer/gpu_model.h"
 #include "examples/trainer/grad_sync.h"
 #include "examples/trainer/mlp.h"
 #include "examples/trainer/rng.h"
@@ -59,7 +60,8 @@ class Run {
   bool setUp(const Dataset* data);
   bool initState();
   bool step(const std::vector<int>& perm, int64_t index_in_epoch, double* loss, int64_t* right);
-  void evaluate(double* loss, int64_t* right, int64_t* count);
+  bool stepGpu(const std::vector<int>& perm, int64_t index_in_epoch);
+  bool evaluate(double* loss, int64_t* right, int64_t* count);
   bool finishEpoch(int epoch, int64_t steps, double t_train, double loss, int64_t right,
                    int64_t seen);
   bool save();
@@ -78,6 +80,7 @@ class Run {
   const Dataset* data_ = nullptr;
   std::unique_ptr<Mlp> model_;
   std::unique_ptr<GradSync> sync_;
+  std::unique_ptr<GpuModel> gpu_;  // --device cuda: the model, its state and its all-reduces
   std::vector<float> params_, grads_, momentum_;
   bool momentum_started_ = false;
   int micro_ = 0;  // samples per rank per micro-batch
@@ -103,10 +106,10 @@ bool Run::setUp(const Dataset* data) {
     return fail(ncclError("querying the communicator", rc, comm_));
   }
   // Checks that every rank makes alike need no agreement round: each one fails by itself.
-  if (o_.device != "cpu") {
-    return fail("--device " + o_.device +
-                ": this build trains on the CPU only; tutti's CUDA data path (collectives on "
-                "device buffers) is not available yet, so use --device cpu");
+  if (o_.device == "cuda" && !gpuModelBuilt()) {
+    std::string err;
+    GpuModel::create(comm_, {}, 0, {}, o_.grad_dtype, &err);
+    return fail(err);
   }
   if (o_.batch % (nranks_ * o_.accum) != 0) {
     return fail("--batch " + std::to_string(o_.batch) + " is not divisible by " +
@@ -149,6 +152,13 @@ bool Run::setUp(const Dataset* data) {
   if (o_.max_steps >= 0) total_steps_ = std::min(total_steps_, o_.max_steps);
   sync_ = std::make_unique<GradSync>(comm_, makeBuckets(model_->layers(), o_.bucket_bytes),
                                      o_.grad_dtype, o_.overlap);
+  if (o_.device == "cuda") {
+    gpu_ = GpuModel::create(comm_, model_->layers(), std::max(micro_, 1000),
+                            makeBuckets(model_->layers(), o_.bucket_bytes), o_.grad_dtype, &err);
+    ok = gpu_ != nullptr;
+    if (!ok) res_.error = "rank " + std::to_string(rank_) + ": " + err;
+    if (!allOk(comm_, ok, &err)) return ok ? fail(err) : false;
+  }
   return true;
 }
 
@@ -189,12 +199,19 @@ bool Run::initState() {
     if (rank_ != 0) return fail("rank 0 could not load the checkpoint (its message says why)");
     return false;
   }
-  if ((rc = ncclBroadcast(params_.data(), params_.data(), n, ncclFloat32, 0, comm_, nullptr)) !=
-      ncclSuccess) {
+  if (gpu_) {
+    // Rank 0's state goes up to its GPU and out from there, GPU to GPU.
+    if (!gpu_->upload(params_.data(), o_.resume.empty() ? nullptr : momentum_.data(), &err) ||
+        !gpu_->broadcast(!o_.resume.empty(), &err)) {
+      return fail("rank " + std::to_string(rank_) + ": " + err);
+    }
+  } else if ((rc = ncclBroadcast(params_.data(), params_.data(), n, ncclFloat32, 0, comm_,
+                                 nullptr)) != ncclSuccess) {
     return fail(ncclError("broadcasting the parameters", rc, comm_));
   }
-  if (!o_.resume.empty() && (rc = ncclBroadcast(momentum_.data(), momentum_.data(), n, ncclFloat32,
-                                                0, comm_, nullptr)) != ncclSuccess) {
+  if (!gpu_ && !o_.resume.empty() &&
+      (rc = ncclBroadcast(momentum_.data(), momentum_.data(), n, ncclFloat32, 0, comm_, nullptr)) !=
+          ncclSuccess) {
     return fail(ncclError("broadcasting the optimizer state", rc, comm_));
   }
   step_ = meta[1];
@@ -205,6 +222,7 @@ bool Run::initState() {
 
 // One optimizer step: k micro-batches of this rank's shard, gradient averaging, SGD update.
 bool Run::step(const std::vector<int>& perm, int64_t index_in_epoch, double* loss, int64_t* right) {
+  if (gpu_) return stepGpu(perm, index_in_epoch);
   std::fill(grads_.begin(), grads_.end(), 0.0f);
   const float scale = 1.0f / float(micro_ * o_.accum);  // mean over this rank's samples
   for (int m = 0; m < o_.accum; ++m) {
@@ -236,8 +254,29 @@ bool Run::step(const std::vector<int>& perm, int64_t index_in_epoch, double* los
   return true;
 }
 
+// The same step on the GPU; loss and hits are summed there (read at the end of the epoch).
+bool Run::stepGpu(const std::vector<int>& perm, int64_t index_in_epoch) {
+  const float scale = 1.0f / float(micro_ * o_.accum);
+  std::string err;
+  for (int m = 0; m < o_.accum; ++m) {
+    const int64_t base = index_in_epoch * o_.batch + int64_t(m) * micro_ * nranks_;
+    for (int j = 0; j < micro_; ++j) idx_[size_t(j)] = perm[size_t(base + rank_ + nranks_ * j)];
+    gatherBatch(data_->train, idx_.data(), micro_, x_.data(), y_.data());
+    if (!gpu_->microBatch(x_.data(), y_.data(), micro_, scale, m == 0, m + 1 == o_.accum, &err)) {
+      return fail("rank " + std::to_string(rank_) + ": " + err);
+    }
+  }
+  if (!gpu_->update(float(o_.lr), float(o_.momentum), float(o_.weight_decay), momentum_started_,
+                    &err)) {
+    return fail("rank " + std::to_string(rank_) + ": " + err);
+  }
+  momentum_started_ = true;
+  ++step_;
+  return true;
+}
+
 // Each rank scores its interleaved share of the test set; finishEpoch sums them.
-void Run::evaluate(double* loss, int64_t* right, int64_t* count) {
+bool Run::evaluate(double* loss, int64_t* right, int64_t* count) {
   const Split& t = data_->test;
   const int batch = int(y_.size());
   int n = 0;
@@ -245,24 +284,40 @@ void Run::evaluate(double* loss, int64_t* right, int64_t* count) {
     idx_[size_t(n++)] = i;
     if (n == batch || i + nranks_ >= t.count) {
       gatherBatch(t, idx_.data(), n, x_.data(), y_.data());
-      int correct = 0;
-      *loss += model_->forward(params_.data(), x_.data(), y_.data(), n, &correct);
-      *right += correct;
+      if (gpu_) {
+        std::string err;
+        if (!gpu_->evaluate(x_.data(), y_.data(), n, &err))
+          return fail("rank " + std::to_string(rank_) + ": " + err);
+      } else {
+        int correct = 0;
+        *loss += model_->forward(params_.data(), x_.data(), y_.data(), n, &correct);
+        *right += correct;
+      }
       *count += n;
       n = 0;
     }
   }
+  return true;
 }
 
 bool Run::finishEpoch(int epoch, int64_t steps, double t_train, double loss, int64_t right,
                       int64_t seen) {
   double test_loss = 0;
   int64_t test_right = 0, test_count = 0;
-  evaluate(&test_loss, &test_right, &test_count);
+  if (!evaluate(&test_loss, &test_right, &test_count)) return false;
+  double comm_s = sync_->commSeconds(), exposed_s = sync_->exposedSeconds();
+  if (gpu_) {  // the training sums of the epoch and the test sums were kept on the GPU
+    std::string err;
+    if (!gpu_->takeSums(&loss, &right, &test_loss, &test_right, &err))
+      return fail("rank " + std::to_string(rank_) + ": " + err);
+    comm_s = gpu_->commSeconds();
+    exposed_s = gpu_->exposedSeconds();
+    gpu_->resetTimers();
+  }
   // One all-reduce carries every rank's sums and timings (counts are exact in double).
-  double v[9] = {loss,      double(right),        double(seen),
-                 test_loss, double(test_right),   double(test_count),
-                 t_train,   sync_->commSeconds(), sync_->exposedSeconds()};
+  double v[9] = {
+      loss,    double(right), double(seen), test_loss, double(test_right), double(test_count),
+      t_train, comm_s,        exposed_s};
   ncclResult_t rc = ncclAllReduce(v, v, 9, ncclFloat64, ncclSum, comm_, nullptr);
   if (rc != ncclSuccess) return fail(ncclError("reducing the epoch's metrics", rc, comm_));
   sync_->resetTimers();
@@ -301,9 +356,11 @@ bool Run::write() {
   ck.global_batch = o_.batch;
   ck.seed = o_.seed;
   ck.momentum_started = momentum_started_;
+  std::string err;
+  if (gpu_ && !gpu_->download(params_.data(), momentum_.data(), &err))
+    return fail("rank 0: " + err);
   ck.params = params_;
   ck.momentum = momentum_;
-  std::string err;
   if (!saveCheckpoint(o_.checkpoint, ck, &err)) return fail("rank 0: " + err);
   return true;
 }
@@ -314,15 +371,18 @@ TrainResult Run::go(const Dataset* data) {
   for (const Bucket& b : sync_->buckets()) {
     buckets += (buckets.empty() ? "" : ", ") + std::to_string((b.count * 4 + 1023) / 1024) + " KiB";
   }
-  say("tutti-train: %d CPU rank%s, MLP %s (%zu parameters; gradient buckets %s)\n", nranks_,
-      nranks_ > 1 ? "s" : "", dimsText(model_->dims()).c_str(), params_.size(), buckets.c_str());
+  say("tutti-train: %d %s rank%s, MLP %s (%zu parameters; gradient buckets %s)\n", nranks_,
+      gpu_ ? "GPU" : "CPU", nranks_ > 1 ? "s" : "", dimsText(model_->dims()).c_str(),
+      params_.size(), buckets.c_str());
   say("  global batch %d = %d rank%s x %d samples x %d accumulation step%s; %lld steps/epoch; "
       "SGD lr %g momentum %g weight decay %g; gradients all-reduced as %s (ncclAvg%s%s)\n",
       o_.batch, nranks_, nranks_ > 1 ? "s" : "", micro_, o_.accum, o_.accum > 1 ? "s" : "",
       (long long)steps_per_epoch_, o_.lr, o_.momentum, o_.weight_decay,
       o_.grad_dtype == ncclBfloat16 ? "bf16" : "fp32",
-      o_.overlap ? ", overlapping backward" : ", after backward",
-      o_.overlap_why.empty() ? "" : ("; " + o_.overlap_why).c_str());
+      gpu_ || o_.overlap ? ", overlapping backward" : ", after backward",
+      gpu_                     ? "; on a communication stream of the GPU"
+      : o_.overlap_why.empty() ? ""
+                               : ("; " + o_.overlap_why).c_str());
   if (!o_.resume.empty())
     say("  resumed from %s at step %lld\n", o_.resume.c_str(), (long long)step_);
   if (step_ >= total_steps_) say("  nothing to do: step %lld reached\n", (long long)step_);
@@ -345,6 +405,11 @@ TrainResult Run::go(const Dataset* data) {
     if (!finishEpoch(epoch, step_ - first, t_train, loss, right, seen) || !save()) {
       return std::move(res_);
     }
+  }
+  std::string err;
+  if (gpu_ && !gpu_->download(params_.data(), momentum_.data(), &err)) {
+    res_.error = "rank " + std::to_string(rank_) + ": " + err;
+    return std::move(res_);
   }
   res_.ok = true;
   res_.steps = step_;

@@ -7,11 +7,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <thread>
 
 #include "examples/trainer/checkpoint.h"
+#include "examples/trainer/gpu_model.h"
 #include "examples/trainer/grad_sync.h"
 
 namespace trainer {
@@ -24,7 +26,9 @@ const Dataset& data() {
   static bool loaded = [] {
     std::string err;
     setBlasThreads(1);  // ranks are threads here: one BLAS thread each, as tutti-train --threads
-    bool ok = loadDataset(Options().data_dir, 2048, 500, &d, &err);
+    // TUTTI_TRAINER_DATA: another copy of it (scripts/device-check carries one to GPU machines).
+    const char* dir = getenv("TUTTI_TRAINER_DATA");
+    bool ok = loadDataset(dir && *dir ? dir : Options().data_dir, 2048, 500, &d, &err);
     if (!ok) ADD_FAILURE() << err << " (apt-get install dataset-fashion-mnist)";
     return ok;
   }();
@@ -40,11 +44,15 @@ Options quiet() {
   return o;
 }
 
-// Trains on n ranks as threads; every rank's result, in rank order.
+// Trains on n ranks as threads; every rank's result, in rank order. --device cuda puts rank r
+// on GPU r % count (several ranks share a GPU where there are fewer).
 std::vector<TrainResult> runRanks(int n, const Options& o, const Dataset* d = &data()) {
   std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
-  std::vector<int> cpu(static_cast<size_t>(n), -1);
-  EXPECT_EQ(ncclCommInitAll(comms.data(), n, cpu.data()), ncclSuccess) << ncclGetLastError(nullptr);
+  std::vector<int> devs(static_cast<size_t>(n), -1);
+  for (int r = 0; r < n && o.device == "cuda" && gpuCount() > 0; ++r)
+    devs[size_t(r)] = r % gpuCount();
+  EXPECT_EQ(ncclCommInitAll(comms.data(), n, devs.data()), ncclSuccess)
+      << ncclGetLastError(nullptr);
   std::vector<TrainResult> out(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
@@ -405,6 +413,91 @@ TEST(Trainer, OptionsAreParsedAndBadOnesNamed) {
 }
 
 // The README's main command in miniature: processes under tutti-run, the real binary, its output.
+// The GPU half (--device cuda), where this build has it and a GPU is present.
+#define SKIP_WITHOUT_TRAINER_GPU()                                                       \
+  do {                                                                                   \
+    if (!gpuModelBuilt()) GTEST_SKIP() << "this tutti-train has no GPU half (GPU test)"; \
+    if (gpuCount() == 0) GTEST_SKIP() << "no usable GPU (GPU test)";                     \
+  } while (0)
+
+Options onGpu() {
+  Options o = quiet();
+  o.device = "cuda";
+  o.max_steps = 4;
+  return o;
+}
+
+TEST(TrainerGpu, OneRankOnTheGpuFollowsTheCpuRun) {
+  SKIP_WITHOUT_TRAINER_GPU();
+  Options o = onGpu();
+  std::vector<TrainResult> gpu = runRanks(1, o);
+  o.device = "cpu";
+  std::vector<TrainResult> cpu = runRanks(1, o);
+  expectAllOk(gpu);
+  expectAllOk(cpu);
+  EXPECT_EQ(gpu[0].steps, 4);
+  EXPECT_LT(relativeDiff(cpu[0].params, gpu[0].params, initialParams(o)), kRelTol);
+  EXPECT_LT(relativeDiff(cpu[0].momentum, gpu[0].momentum,
+                         std::vector<float>(cpu[0].momentum.size(), 0.0f)),
+            kRelTol);
+}
+
+class TrainerGpuRanks : public ::testing::TestWithParam<int> {};
+
+// N ranks (on one GPU when there is one) with per-rank batch b equal 1 rank with batch N*b:
+// the gradient all-reduce on device buffers averages, and the shards are disjoint.
+TEST_P(TrainerGpuRanks, NRanksWithBatchBEqualOneRankWithBatchNB) {
+  SKIP_WITHOUT_TRAINER_GPU();
+  const int n = GetParam();
+  Options o = onGpu();
+  std::vector<TrainResult> one = runRanks(1, o);
+  std::vector<TrainResult> many = runRanks(n, o);
+  expectAllOk(one);
+  expectAllOk(many);
+  expectReplicasIdentical(many);
+  EXPECT_LT(relativeDiff(one[0].params, many[0].params, initialParams(o)), kRelTol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Trainer, TrainerGpuRanks, ::testing::Values(2, 4));
+
+TEST(TrainerGpu, AccumulationBf16AndResumeOnTheGpu) {
+  SKIP_WITHOUT_TRAINER_GPU();
+  Options o = onGpu();
+  const std::vector<float> init = initialParams(o);
+  std::vector<TrainResult> whole = runRanks(2, o);  // 2 ranks x 32 samples
+  expectAllOk(whole);
+  {  // 2 ranks x 2 micro-batches of 16: the same steps
+    Options a = o;
+    a.accum = 2;
+    std::vector<TrainResult> accum = runRanks(2, a);
+    expectAllOk(accum);
+    EXPECT_LT(relativeDiff(whole[0].params, accum[0].params, init), kRelTol);
+  }
+  {  // bf16 on the wire: rounded, still close, replicas still identical
+    Options b = o;
+    b.grad_dtype = ncclBfloat16;
+    std::vector<TrainResult> bf16 = runRanks(2, b);
+    expectAllOk(bf16);
+    expectReplicasIdentical(bf16);
+    EXPECT_GT(maxAbsDiff(whole[0].params, bf16[0].params), 0.0) << "bf16 gradients not rounded";
+    EXPECT_LT(relativeDiff(whole[0].params, bf16[0].params, init), 0.05);
+  }
+
+  // Two steps, a checkpoint, two more from it: the four-step trajectory.
+  const std::string ck = ::testing::TempDir() + "tutti_gpu_resume.ckpt";
+  Options first = o;
+  first.max_steps = 2;
+  first.checkpoint = ck;
+  expectAllOk(runRanks(2, first));
+  Options second = o;
+  second.resume = ck;
+  std::vector<TrainResult> resumed = runRanks(2, second);
+  expectAllOk(resumed);
+  EXPECT_EQ(resumed[0].steps, 4);
+  EXPECT_LT(relativeDiff(whole[0].params, resumed[0].params, init), 1e-5);
+  std::remove(ck.c_str());
+}
+
 TEST(TrainerProcesses, LearnsUnderTuttiRun) {
   std::string cmd = std::string(TUTTI_RUN_BIN) + " -n 2 " + TUTTI_TRAIN_BIN +
                     " --epochs 2 --train-limit 8000 --test-limit 2000 2>&1";

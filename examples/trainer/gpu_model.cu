@@ -1,0 +1,420 @@
+// The trainer's GPU half; see gpu_model.h. Row-major matrices as in mlp.cc: a row-major
+// (rows x cols) matrix is, to cuBLAS, a column-major (cols x rows) one with leading dimension
+// cols, so each product below is mlp.cc's cblas_sgemm with the operands swapped.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "examples/trainer/gpu_model.h"
+
+namespace trainer {
+
+bool gpuModelBuilt() { return true; }
+
+int gpuCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+bool selectGpu(int local_rank, std::string* error) {
+  const int n = gpuCount();
+  if (n == 0) {
+    *error = "--device cuda: no usable GPU";
+    return false;
+  }
+  if (cudaError_t e = cudaSetDevice(local_rank % n); e != cudaSuccess) {
+    *error = std::string("--device cuda: cudaSetDevice: ") + cudaGetErrorString(e);
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+constexpr int kThreads = 256;
+int blocksFor(size_t n) { return int(std::min<size_t>((n + kThreads - 1) / kThreads, 65535)); }
+
+// out (n x m) = bias in every row: the GEMM then accumulates onto it.
+__global__ void biasRows(float* out, const float* bias, int n, int m) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(n) * m;
+       i += size_t(gridDim.x) * blockDim.x) {
+    out[i] = bias[i % size_t(m)];
+  }
+}
+
+__global__ void relu(float* v, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    v[i] = fmaxf(v[i], 0.0f);
+  }
+}
+
+// One thread per sample, as mlp.cc's loop: stable softmax cross-entropy, loss and hits summed
+// into sums[0..1]; with delta, d(loss)/d(logits) * scale = scale * (softmax - onehot).
+__global__ void softmaxXent(const float* logits, const uint8_t* labels, int n, int classes,
+                            float scale, float* delta, double* sums) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float* row = logits + size_t(i) * classes;
+  int best = 0;
+  for (int c = 1; c < classes; ++c)
+    if (row[c] > row[best]) best = c;
+  const float mx = row[best];
+  double sum = 0;
+  for (int c = 0; c < classes; ++c) sum += exp(double(row[c] - mx));
+  atomicAdd(&sums[0], log(sum) - double(row[labels[i]] - mx));
+  if (best == labels[i]) atomicAdd(&sums[1], 1.0);
+  if (!delta) return;
+  const float inv = float(1.0 / sum);
+  for (int c = 0; c < classes; ++c) {
+    const float p = expf(row[c] - mx) * inv;
+    delta[size_t(i) * classes + c] = scale * (p - (c == labels[i] ? 1.0f : 0.0f));
+  }
+}
+
+// db[j] += sum over rows of delta[., j] (one thread per column).
+__global__ void biasGrad(const float* delta, int n, int m, float* db) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= m) return;
+  float s = 0;
+  for (int i = 0; i < n; ++i) s += delta[size_t(i) * m + j];
+  db[j] += s;
+}
+
+// The gradient through the ReLU below: zero where its output was clipped.
+__global__ void reluMask(float* d, const float* act, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    if (act[i] <= 0.0f) d[i] = 0.0f;
+  }
+}
+
+// torch.optim.SGD: d = g + wd * p; buf = mu * buf + d (buf = d at the first step); p -= lr * buf.
+__global__ void sgd(float* p, const float* g, float* buf, size_t n, float lr, float mu, float wd,
+                    int started) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float d = g[i] + wd * p[i];
+    buf[i] = started ? mu * buf[i] + d : d;
+    p[i] -= lr * buf[i];
+  }
+}
+
+// fp32 <-> bf16 as grad_sync.cc does it: round to nearest even, NaN kept quiet.
+__global__ void toBf16(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t u = __float_as_uint(src[i]);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      dst[i] = uint16_t((u >> 16) | 0x40);
+    } else {
+      dst[i] = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+  }
+}
+__global__ void fromBf16(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    dst[i] = __uint_as_float(uint32_t(src[i]) << 16);
+  }
+}
+
+class CudaModel : public GpuModel {
+ public:
+  ~CudaModel() override {
+    if (cs_) cudaStreamSynchronize(cs_);
+    if (ms_) cudaStreamSynchronize(ms_);
+    if (blas_) cublasDestroy(blas_);
+    for (cudaEvent_t e : {layerDone_, commDone_, backwardEnd_, commStart_})
+      if (e) cudaEventDestroy(e);
+    for (void* p : {(void*)params_, (void*)grads_, (void*)mom_, (void*)wire_, (void*)x_, (void*)y_,
+                    (void*)sums_, (void*)delta_, (void*)deltaNext_})
+      if (p) cudaFree(p);
+    for (float* a : act_) cudaFree(a);
+    if (hostX_) cudaFreeHost(hostX_);
+    if (hostY_) cudaFreeHost(hostY_);
+    if (hostSums_) cudaFreeHost(hostSums_);
+    if (cs_) cudaStreamDestroy(cs_);
+    if (ms_) cudaStreamDestroy(ms_);
+  }
+
+  bool init(ncclComm_t comm, const std::vector<Layer>& layers, int max_batch,
+            std::vector<Bucket> buckets, ncclDataType_t wire, std::string* error) {
+    comm_ = comm;
+    layers_ = layers;
+    maxBatch_ = max_batch;
+    buckets_ = std::move(buckets);
+    wireType_ = wire;
+    int dev = -1;
+    if (ncclCommCuDevice(comm, &dev) != ncclSuccess || dev < 0) {
+      *error =
+          "--device cuda: this rank's communicator has no GPU (it was made as a CPU rank; "
+          "make it after cudaSetDevice, or with ncclCommInitAll on GPU ids)";
+      return false;
+    }
+    if (!ok(cudaSetDevice(dev), "cudaSetDevice", error)) return false;
+    n_ = layers_.back().end();
+    int widest = 0;
+    for (const Layer& l : layers_) widest = std::max(widest, l.out);
+    const size_t inputs = size_t(layers_.front().in);
+    bool good = ok(cudaStreamCreateWithFlags(&cs_, cudaStreamNonBlocking), "stream", error) &&
+                ok(cudaStreamCreateWithFlags(&ms_, cudaStreamNonBlocking), "stream", error) &&
+                ok(cudaMalloc(&params_, n_ * 4), "cudaMalloc", error) &&
+                ok(cudaMalloc(&grads_, n_ * 4), "cudaMalloc", error) &&
+                ok(cudaMalloc(&mom_, n_ * 4), "cudaMalloc", error) &&
+                ok(cudaMalloc(&x_, size_t(max_batch) * inputs * 4), "cudaMalloc", error) &&
+                ok(cudaMalloc(&y_, size_t(max_batch)), "cudaMalloc", error) &&
+                ok(cudaMalloc(&sums_, 4 * sizeof(double)), "cudaMalloc", error) &&
+                ok(cudaMalloc(&delta_, size_t(max_batch) * widest * 4), "cudaMalloc", error) &&
+                ok(cudaMalloc(&deltaNext_, size_t(max_batch) * widest * 4), "cudaMalloc", error) &&
+                ok(cudaMallocHost(&hostX_, size_t(max_batch) * inputs * 4), "pinned", error) &&
+                ok(cudaMallocHost(&hostY_, size_t(max_batch)), "pinned", error) &&
+                ok(cudaMallocHost(&hostSums_, 4 * sizeof(double)), "pinned", error);
+    if (good && wire == ncclBfloat16) good = ok(cudaMalloc(&wire_, n_ * 2), "cudaMalloc", error);
+    for (const Layer& l : layers_) {
+      float* a = nullptr;
+      if (good) good = ok(cudaMalloc(&a, size_t(max_batch) * l.out * 4), "cudaMalloc", error);
+      if (a) act_.push_back(a);
+    }
+    for (cudaEvent_t* e : {&layerDone_, &backwardEnd_, &commStart_, &commDone_}) {
+      if (good) good = ok(cudaEventCreate(e), "cudaEventCreate", error);
+    }
+    if (!good) return false;
+    if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetStream(blas_, cs_) != CUBLAS_STATUS_SUCCESS) {
+      *error = "cuBLAS could not start on GPU " + std::to_string(dev);
+      return false;
+    }
+    // Plain fp32 products (no TF32), as the CPU's BLAS computes them.
+    cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH);
+    return ok(cudaMemsetAsync(sums_, 0, 4 * sizeof(double), cs_), "cudaMemsetAsync", error) &&
+           ok(cudaMemsetAsync(mom_, 0, n_ * 4, cs_), "cudaMemsetAsync", error) &&
+           ok(cudaStreamSynchronize(cs_), "cudaStreamSynchronize", error);
+  }
+
+  bool upload(const float* params, const float* momentum, std::string* error) override {
+    if (!ok(cudaMemcpyAsync(params_, params, n_ * 4, cudaMemcpyHostToDevice, cs_), "upload", error))
+      return false;
+    cudaError_t e = momentum ? cudaMemcpyAsync(mom_, momentum, n_ * 4, cudaMemcpyHostToDevice, cs_)
+                             : cudaMemsetAsync(mom_, 0, n_ * 4, cs_);
+    return ok(e, "upload", error) && ok(cudaStreamSynchronize(cs_), "upload", error);
+  }
+
+  bool download(float* params, float* momentum, std::string* error) override {
+    return ok(cudaMemcpyAsync(params, params_, n_ * 4, cudaMemcpyDeviceToHost, cs_), "download",
+              error) &&
+           (!momentum || ok(cudaMemcpyAsync(momentum, mom_, n_ * 4, cudaMemcpyDeviceToHost, cs_),
+                            "download", error)) &&
+           ok(cudaStreamSynchronize(cs_), "download", error);
+  }
+
+  bool broadcast(bool momentum, std::string* error) override {
+    ncclResult_t rc = ncclBroadcast(params_, params_, n_, ncclFloat32, 0, comm_, cs_);
+    if (rc == ncclSuccess && momentum)
+      rc = ncclBroadcast(mom_, mom_, n_, ncclFloat32, 0, comm_, cs_);
+    if (rc != ncclSuccess) return nccl(rc, "ncclBroadcast of the parameters", error);
+    return ok(cudaStreamSynchronize(cs_), "broadcast", error);
+  }
+
+  bool microBatch(const float* x, const uint8_t* y, int n, float scale, bool first, bool last,
+                  std::string* error) override {
+    n = std::min(n, maxBatch_);
+    if (!stage(x, y, n, error)) return false;
+    if (first && !ok(cudaMemsetAsync(grads_, 0, n_ * 4, cs_), "cudaMemsetAsync", error))
+      return false;
+    if (!forward(n, scale, true, error)) return false;
+    return backward(n, last, error);
+  }
+
+  bool update(float lr, float momentum, float weight_decay, bool started,
+              std::string* error) override {
+    sgd<<<blocksFor(n_), kThreads, 0, cs_>>>(params_, grads_, mom_, n_, lr, momentum, weight_decay,
+                                             started ? 1 : 0);
+    if (!ok(cudaGetLastError(), "the SGD kernel", error)) return false;
+    if (!ok(cudaStreamSynchronize(cs_), "the training step", error)) return false;
+    if (pendingTimes_) {
+      pendingTimes_ = false;
+      float comm = 0, exposed = 0;
+      cudaEventElapsedTime(&comm, commStart_, commDone_);
+      cudaEventElapsedTime(&exposed, backwardEnd_, commDone_);
+      comm_s_ += comm / 1e3;
+      exposed_s_ += std::max(0.0f, exposed) / 1e3;
+    }
+    return true;
+  }
+
+  bool evaluate(const float* x, const uint8_t* y, int n, std::string* error) override {
+    n = std::min(n, maxBatch_);
+    return stage(x, y, n, error) && forward(n, 0.0f, false, error);
+  }
+
+  bool takeSums(double* train_loss, int64_t* train_right, double* test_loss, int64_t* test_right,
+                std::string* error) override {
+    if (!ok(cudaMemcpyAsync(hostSums_, sums_, 4 * sizeof(double), cudaMemcpyDeviceToHost, cs_),
+            "reading the sums", error) ||
+        !ok(cudaMemsetAsync(sums_, 0, 4 * sizeof(double), cs_), "cudaMemsetAsync", error) ||
+        !ok(cudaStreamSynchronize(cs_), "reading the sums", error))
+      return false;
+    *train_loss = hostSums_[0];
+    *train_right = int64_t(hostSums_[1]);
+    *test_loss = hostSums_[2];
+    *test_right = int64_t(hostSums_[3]);
+    return true;
+  }
+
+  double commSeconds() const override { return comm_s_; }
+  double exposedSeconds() const override { return exposed_s_; }
+  void resetTimers() override { comm_s_ = exposed_s_ = 0; }
+
+ private:
+  static bool ok(cudaError_t e, const char* what, std::string* error) {
+    if (e == cudaSuccess) return true;
+    cudaGetLastError();
+    *error = std::string("--device cuda: ") + what + ": " + cudaGetErrorString(e);
+    return false;
+  }
+  bool nccl(ncclResult_t rc, const char* what, std::string* error) {
+    *error =
+        std::string(what) + " failed: " + ncclGetErrorString(rc) + ": " + ncclGetLastError(comm_);
+    return false;
+  }
+  bool blas(cublasStatus_t s, std::string* error) {
+    if (s == CUBLAS_STATUS_SUCCESS) return true;
+    *error = "--device cuda: cublasSgemm failed (status " + std::to_string(int(s)) + ")";
+    return false;
+  }
+
+  // The batch through pinned memory (a pageable copy may hold this thread in the driver while
+  // a sibling rank's kernel waits for its next call).
+  bool stage(const float* x, const uint8_t* y, int n, std::string* error) {
+    const size_t xb = size_t(n) * layers_.front().in * 4;
+    // The previous step ended with a synchronisation, so the staging buffers are free.
+    memcpy(hostX_, x, xb);
+    memcpy(hostY_, y, size_t(n));
+    return ok(cudaMemcpyAsync(x_, hostX_, xb, cudaMemcpyHostToDevice, cs_), "batch copy", error) &&
+           ok(cudaMemcpyAsync(y_, hostY_, size_t(n), cudaMemcpyHostToDevice, cs_), "batch copy",
+              error);
+  }
+
+  bool forward(int n, float scale, bool train, std::string* error) {
+    const float one = 1.0f;
+    const float* in = x_;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& L = layers_[l];
+      float* out = act_[l];
+      biasRows<<<blocksFor(size_t(n) * L.out), kThreads, 0, cs_>>>(out, params_ + L.bias, n, L.out);
+      // out (n x out) += in (n x in) * W^T: column-major out^T = W^T' * in^T.
+      if (!blas(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, L.out, n, L.in, &one,
+                            params_ + L.weight, L.in, in, L.in, &one, out, L.out),
+                error))
+        return false;
+      if (l + 1 < layers_.size())
+        relu<<<blocksFor(size_t(n) * L.out), kThreads, 0, cs_>>>(out, size_t(n) * L.out);
+      in = out;
+    }
+    const int classes = layers_.back().out;
+    softmaxXent<<<(n + kThreads - 1) / kThreads, kThreads, 0, cs_>>>(
+        act_.back(), y_, n, classes, scale, train ? delta_ : nullptr, sums_ + (train ? 0 : 2));
+    return ok(cudaGetLastError(), "the forward kernels", error);
+  }
+
+  bool backward(int n, bool last, std::string* error) {
+    const float one = 1.0f, zero = 0.0f;
+    size_t nextBucket = 0;
+    for (int l = int(layers_.size()) - 1; l >= 0; --l) {
+      const Layer& L = layers_[size_t(l)];
+      const float* in = l == 0 ? x_ : act_[size_t(l) - 1];
+      // dW (out x in) += delta^T * in: column-major dW^T = in^T * delta.
+      if (!blas(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, L.in, L.out, n, &one, in, L.in, delta_,
+                            L.out, &one, grads_ + L.weight, L.in),
+                error))
+        return false;
+      biasGrad<<<(L.out + kThreads - 1) / kThreads, kThreads, 0, cs_>>>(delta_, n, L.out,
+                                                                        grads_ + L.bias);
+      if (l > 0) {
+        // delta_next (n x in) = delta * W: column-major delta_next^T = W^T * delta^T.
+        if (!blas(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, L.in, n, L.out, &one,
+                              params_ + L.weight, L.in, delta_, L.out, &zero, deltaNext_, L.in),
+                  error))
+          return false;
+        reluMask<<<blocksFor(size_t(n) * L.in), kThreads, 0, cs_>>>(deltaNext_, in,
+                                                                    size_t(n) * L.in);
+        std::swap(delta_, deltaNext_);
+      }
+      // Every bucket whose layers are all done goes to the communication stream now.
+      while (last && nextBucket < buckets_.size() && buckets_[nextBucket].first_layer == l) {
+        if (!startBucket(buckets_[nextBucket], nextBucket == 0, error)) return false;
+        ++nextBucket;
+      }
+    }
+    if (!ok(cudaGetLastError(), "the backward kernels", error)) return false;
+    if (!last) return true;
+    // The optimizer step (on the compute stream) waits for the last all-reduce.
+    if (!ok(cudaEventRecord(backwardEnd_, cs_), "cudaEventRecord", error) ||
+        !ok(cudaEventRecord(commDone_, ms_), "cudaEventRecord", error) ||
+        !ok(cudaStreamWaitEvent(cs_, commDone_, 0), "cudaStreamWaitEvent", error))
+      return false;
+    pendingTimes_ = true;
+    return true;
+  }
+
+  bool startBucket(const Bucket& b, bool firstOfStep, std::string* error) {
+    if (!ok(cudaEventRecord(layerDone_, cs_), "cudaEventRecord", error) ||
+        !ok(cudaStreamWaitEvent(ms_, layerDone_, 0), "cudaStreamWaitEvent", error))
+      return false;
+    if (firstOfStep && !ok(cudaEventRecord(commStart_, ms_), "cudaEventRecord", error))
+      return false;
+    float* g = grads_ + b.offset;
+    ncclResult_t rc;
+    if (wireType_ == ncclBfloat16) {
+      uint16_t* w = wire_ + b.offset;
+      toBf16<<<blocksFor(b.count), kThreads, 0, ms_>>>(g, w, b.count);
+      rc = ncclAllReduce(w, w, b.count, ncclBfloat16, ncclAvg, comm_, ms_);
+      fromBf16<<<blocksFor(b.count), kThreads, 0, ms_>>>(w, g, b.count);
+    } else {
+      rc = ncclAllReduce(g, g, b.count, ncclFloat32, ncclAvg, comm_, ms_);
+    }
+    if (rc != ncclSuccess) return nccl(rc, "ncclAllReduce of a gradient bucket", error);
+    return ok(cudaGetLastError(), "the bf16 conversion kernels", error);
+  }
+
+  ncclComm_t comm_ = nullptr;
+  std::vector<Layer> layers_;
+  int maxBatch_ = 0;
+  std::vector<Bucket> buckets_;
+  ncclDataType_t wireType_ = ncclFloat32;
+  size_t n_ = 0;                              // parameters
+  cudaStream_t cs_ = nullptr, ms_ = nullptr;  // compute, communication
+  cublasHandle_t blas_ = nullptr;
+  float *params_ = nullptr, *grads_ = nullptr, *mom_ = nullptr, *x_ = nullptr;
+  uint16_t* wire_ = nullptr;
+  uint8_t* y_ = nullptr;
+  double* sums_ = nullptr;  // train loss, train hits, test loss, test hits
+  float *delta_ = nullptr, *deltaNext_ = nullptr;
+  std::vector<float*> act_;
+  float* hostX_ = nullptr;
+  uint8_t* hostY_ = nullptr;
+  double* hostSums_ = nullptr;
+  cudaEvent_t layerDone_ = nullptr, backwardEnd_ = nullptr, commStart_ = nullptr,
+              commDone_ = nullptr;
+  bool pendingTimes_ = false;
+  double comm_s_ = 0, exposed_s_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<GpuModel> GpuModel::create(ncclComm_t comm, const std::vector<Layer>& layers,
+                                           int max_batch, std::vector<Bucket> buckets,
+                                           ncclDataType_t wire, std::string* error) {
+  auto m = std::make_unique<CudaModel>();
+  if (!m->init(comm, layers, max_batch, std::move(buckets), wire, error)) return nullptr;
+  return m;
+}
+
+}  // namespace trainer
