@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "examples/trainer/gpu_model.h"
 
@@ -131,7 +132,7 @@ class CudaModel : public GpuModel {
     if (cs_) cudaStreamSynchronize(cs_);
     if (ms_) cudaStreamSynchronize(ms_);
     if (blas_) cublasDestroy(blas_);
-    for (cudaEvent_t e : {layerDone_, commDone_, backwardEnd_, commStart_})
+    for (cudaEvent_t e : {layerDone_, commDone_, backwardEnd_, commStart_, staged_})
       if (e) cudaEventDestroy(e);
     for (void* p : {(void*)params_, (void*)grads_, (void*)mom_, (void*)wire_, (void*)x_, (void*)y_,
                     (void*)sums_, (void*)delta_, (void*)deltaNext_})
@@ -140,11 +141,12 @@ class CudaModel : public GpuModel {
     if (hostX_) cudaFreeHost(hostX_);
     if (hostY_) cudaFreeHost(hostY_);
     if (hostSums_) cudaFreeHost(hostSums_);
+    if (hostState_) cudaFreeHost(hostState_);
     if (cs_) cudaStreamDestroy(cs_);
     if (ms_) cudaStreamDestroy(ms_);
   }
 
-  bool init(ncclComm_t comm, const std::vector<Layer>& layers, int max_batch,
+  bool init(ncclComm_t comm, const std::vector<Layer>& layers, int max_batch, int train_batch,
             std::vector<Bucket> buckets, ncclDataType_t wire, std::string* error) {
     comm_ = comm;
     layers_ = layers;
@@ -175,15 +177,19 @@ class CudaModel : public GpuModel {
                 ok(cudaMalloc(&deltaNext_, size_t(max_batch) * widest * 4), "cudaMalloc", error) &&
                 ok(cudaMallocHost(&hostX_, size_t(max_batch) * inputs * 4), "pinned", error) &&
                 ok(cudaMallocHost(&hostY_, size_t(max_batch)), "pinned", error) &&
-                ok(cudaMallocHost(&hostSums_, 4 * sizeof(double)), "pinned", error);
+                ok(cudaMallocHost(&hostSums_, 4 * sizeof(double)), "pinned", error) &&
+                ok(cudaMallocHost(&hostState_, n_ * 4), "pinned", error);
     if (good && wire == ncclBfloat16) good = ok(cudaMalloc(&wire_, n_ * 2), "cudaMalloc", error);
     for (const Layer& l : layers_) {
       float* a = nullptr;
       if (good) good = ok(cudaMalloc(&a, size_t(max_batch) * l.out * 4), "cudaMalloc", error);
       if (a) act_.push_back(a);
     }
-    for (cudaEvent_t* e : {&layerDone_, &backwardEnd_, &commStart_, &commDone_}) {
+    for (cudaEvent_t* e : {&backwardEnd_, &commStart_, &commDone_}) {
       if (good) good = ok(cudaEventCreate(e), "cudaEventCreate", error);
+    }
+    for (cudaEvent_t* e : {&layerDone_, &staged_}) {
+      if (good) good = ok(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEvent", error);
     }
     if (!good) return false;
     if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS ||
@@ -193,25 +199,19 @@ class CudaModel : public GpuModel {
     }
     // Plain fp32 products (no TF32), as the CPU's BLAS computes them.
     cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH);
-    return ok(cudaMemsetAsync(sums_, 0, 4 * sizeof(double), cs_), "cudaMemsetAsync", error) &&
-           ok(cudaMemsetAsync(mom_, 0, n_ * 4, cs_), "cudaMemsetAsync", error) &&
-           ok(cudaStreamSynchronize(cs_), "cudaStreamSynchronize", error);
+    return warmUp(train_batch, error);
   }
 
+  // Both through pinned memory, one buffer after the other (see stage()).
   bool upload(const float* params, const float* momentum, std::string* error) override {
-    if (!ok(cudaMemcpyAsync(params_, params, n_ * 4, cudaMemcpyHostToDevice, cs_), "upload", error))
-      return false;
-    cudaError_t e = momentum ? cudaMemcpyAsync(mom_, momentum, n_ * 4, cudaMemcpyHostToDevice, cs_)
-                             : cudaMemsetAsync(mom_, 0, n_ * 4, cs_);
-    return ok(e, "upload", error) && ok(cudaStreamSynchronize(cs_), "upload", error);
+    if (!put(params_, params, error)) return false;
+    if (momentum) return put(mom_, momentum, error);
+    return ok(cudaMemsetAsync(mom_, 0, n_ * 4, cs_), "upload", error) &&
+           ok(cudaStreamSynchronize(cs_), "upload", error);
   }
 
   bool download(float* params, float* momentum, std::string* error) override {
-    return ok(cudaMemcpyAsync(params, params_, n_ * 4, cudaMemcpyDeviceToHost, cs_), "download",
-              error) &&
-           (!momentum || ok(cudaMemcpyAsync(momentum, mom_, n_ * 4, cudaMemcpyDeviceToHost, cs_),
-                            "download", error)) &&
-           ok(cudaStreamSynchronize(cs_), "download", error);
+    return get(params, params_, error) && (!momentum || get(momentum, mom_, error));
   }
 
   bool broadcast(bool momentum, std::string* error) override {
@@ -241,8 +241,11 @@ class CudaModel : public GpuModel {
     if (pendingTimes_) {
       pendingTimes_ = false;
       float comm = 0, exposed = 0;
-      cudaEventElapsedTime(&comm, commStart_, commDone_);
-      cudaEventElapsedTime(&exposed, backwardEnd_, commDone_);
+      if (cudaEventElapsedTime(&comm, commStart_, commDone_) != cudaSuccess ||
+          cudaEventElapsedTime(&exposed, backwardEnd_, commDone_) != cudaSuccess) {
+        cudaGetLastError();  // timings only: not an error of the step
+        comm = exposed = 0;
+      }
       comm_s_ += comm / 1e3;
       exposed_s_ += std::max(0.0f, exposed) / 1e3;
     }
@@ -291,15 +294,57 @@ class CudaModel : public GpuModel {
   }
 
   // The batch through pinned memory (a pageable copy may hold this thread in the driver while
-  // a sibling rank's kernel waits for its next call).
+  // a sibling rank's kernel waits for its next call). Waits for the previous batch's copies
+  // first: no collective of this rank is in flight between micro-batches or evaluations.
   bool stage(const float* x, const uint8_t* y, int n, std::string* error) {
     const size_t xb = size_t(n) * layers_.front().in * 4;
-    // The previous step ended with a synchronisation, so the staging buffers are free.
+    if (!ok(cudaEventSynchronize(staged_), "batch copy", error)) return false;
     memcpy(hostX_, x, xb);
     memcpy(hostY_, y, size_t(n));
     return ok(cudaMemcpyAsync(x_, hostX_, xb, cudaMemcpyHostToDevice, cs_), "batch copy", error) &&
            ok(cudaMemcpyAsync(y_, hostY_, size_t(n), cudaMemcpyHostToDevice, cs_), "batch copy",
-              error);
+              error) &&
+           ok(cudaEventRecord(staged_, cs_), "batch copy", error);
+  }
+  bool put(float* dev, const float* host, std::string* error) {
+    memcpy(hostState_, host, n_ * 4);
+    return ok(cudaMemcpyAsync(dev, hostState_, n_ * 4, cudaMemcpyHostToDevice, cs_), "upload",
+              error) &&
+           ok(cudaStreamSynchronize(cs_), "upload", error);
+  }
+  bool get(float* host, const float* dev, std::string* error) {
+    if (!ok(cudaMemcpyAsync(hostState_, dev, n_ * 4, cudaMemcpyDeviceToHost, cs_), "download",
+            error) ||
+        !ok(cudaStreamSynchronize(cs_), "download", error))
+      return false;
+    memcpy(host, hostState_, n_ * 4);
+    return true;
+  }
+
+  // CUDA loads kernels lazily, and loading may wait for the whole GPU -- for a sibling rank's
+  // all-reduce that waits for this thread. So every kernel this model launches while a
+  // collective may be in flight is loaded now: ours by cudaFuncGetAttributes, cuBLAS's (chosen
+  // by shape) by one forward and backward pass at the training batch size, on zeros.
+  bool warmUp(int train_batch, std::string* error) {
+    const void* kernels[] = {(const void*)biasRows, (const void*)relu,     (const void*)softmaxXent,
+                             (const void*)biasGrad, (const void*)reluMask, (const void*)sgd,
+                             (const void*)toBf16,   (const void*)fromBf16};
+    for (const void* k : kernels) {
+      cudaFuncAttributes a;
+      if (!ok(cudaFuncGetAttributes(&a, k), "loading the trainer's kernels", error)) return false;
+    }
+    const int n = std::max(1, std::min(train_batch, maxBatch_));
+    const size_t inputs = size_t(layers_.front().in);
+    return ok(cudaMemsetAsync(x_, 0, size_t(n) * inputs * 4, cs_), "warm-up", error) &&
+           ok(cudaMemsetAsync(y_, 0, size_t(n), cs_), "warm-up", error) &&
+           ok(cudaMemsetAsync(params_, 0, n_ * 4, cs_), "warm-up", error) &&
+           ok(cudaMemsetAsync(grads_, 0, n_ * 4, cs_), "warm-up", error) &&
+           ok(cudaEventRecord(staged_, cs_), "warm-up", error) && forward(n, 1.0f, true, error) &&
+           backward(n, /*last=*/false, error) &&
+           ok(cudaMemsetAsync(grads_, 0, n_ * 4, cs_), "warm-up", error) &&
+           ok(cudaMemsetAsync(sums_, 0, 4 * sizeof(double), cs_), "warm-up", error) &&
+           ok(cudaMemsetAsync(mom_, 0, n_ * 4, cs_), "warm-up", error) &&
+           ok(cudaStreamSynchronize(cs_), "warm-up", error);
   }
 
   bool forward(int n, float scale, bool train, std::string* error) {
@@ -337,6 +382,12 @@ class CudaModel : public GpuModel {
         return false;
       biasGrad<<<(L.out + kThreads - 1) / kThreads, kThreads, 0, cs_>>>(delta_, n, L.out,
                                                                         grads_ + L.bias);
+      // Layer l's gradients are queued: every bucket whose layers are all done goes to the
+      // communication stream now, before the delta for the layer below.
+      while (last && nextBucket < buckets_.size() && buckets_[nextBucket].first_layer == l) {
+        if (!startBucket(buckets_[nextBucket], nextBucket == 0, error)) return false;
+        ++nextBucket;
+      }
       if (l > 0) {
         // delta_next (n x in) = delta * W: column-major delta_next^T = W^T * delta^T.
         if (!blas(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, L.in, n, L.out, &one,
@@ -346,11 +397,6 @@ class CudaModel : public GpuModel {
         reluMask<<<blocksFor(size_t(n) * L.in), kThreads, 0, cs_>>>(deltaNext_, in,
                                                                     size_t(n) * L.in);
         std::swap(delta_, deltaNext_);
-      }
-      // Every bucket whose layers are all done goes to the communication stream now.
-      while (last && nextBucket < buckets_.size() && buckets_[nextBucket].first_layer == l) {
-        if (!startBucket(buckets_[nextBucket], nextBucket == 0, error)) return false;
-        ++nextBucket;
       }
     }
     if (!ok(cudaGetLastError(), "the backward kernels", error)) return false;
@@ -401,8 +447,9 @@ class CudaModel : public GpuModel {
   float* hostX_ = nullptr;
   uint8_t* hostY_ = nullptr;
   double* hostSums_ = nullptr;
+  float* hostState_ = nullptr;  // parameters or momentum on their way up or down
   cudaEvent_t layerDone_ = nullptr, backwardEnd_ = nullptr, commStart_ = nullptr,
-              commDone_ = nullptr;
+              commDone_ = nullptr, staged_ = nullptr;
   bool pendingTimes_ = false;
   double comm_s_ = 0, exposed_s_ = 0;
 };
@@ -410,10 +457,12 @@ class CudaModel : public GpuModel {
 }  // namespace
 
 std::unique_ptr<GpuModel> GpuModel::create(ncclComm_t comm, const std::vector<Layer>& layers,
-                                           int max_batch, std::vector<Bucket> buckets,
-                                           ncclDataType_t wire, std::string* error) {
+                                           int max_batch, int train_batch,
+                                           std::vector<Bucket> buckets, ncclDataType_t wire,
+                                           std::string* error) {
   auto m = std::make_unique<CudaModel>();
-  if (!m->init(comm, layers, max_batch, std::move(buckets), wire, error)) return nullptr;
+  if (!m->init(comm, layers, max_batch, train_batch, std::move(buckets), wire, error))
+    return nullptr;
   return m;
 }
 

@@ -27,9 +27,12 @@ bool selectGpu(int local_rank, std::string* error);
 class GpuModel {
  public:
   // On the communicator's GPU (ncclCommCuDevice). null with *error set when that fails.
+  // max_batch: the most samples a batch may have; train_batch: the training micro-batch (the
+  // kernels for its shapes are loaded up front, see gpu_model.cu).
   static std::unique_ptr<GpuModel> create(ncclComm_t comm, const std::vector<Layer>& layers,
-                                          int max_batch, std::vector<Bucket> buckets,
-                                          ncclDataType_t wire, std::string* error);
+                                          int max_batch, int train_batch,
+                                          std::vector<Bucket> buckets, ncclDataType_t wire,
+                                          std::string* error);
   virtual ~GpuModel() = default;
 
   // Host <-> device copies of the parameters and the momentum buffer (momentum may be null:

@@ -11,7 +11,7 @@ bool selectGpu(int, std::string* error) {
   return false;
 }
 
-std::unique_ptr<GpuModel> GpuModel::create(ncclComm_t, const std::vector<Layer>&, int,
+std::unique_ptr<GpuModel> GpuModel::create(ncclComm_t, const std::vector<Layer>&, int, int,
                                            std::vector<Bucket>, ncclDataType_t,
                                            std::string* error) {
   *error =

@@ -110,20 +110,22 @@ int main(int argc, char** argv) {
 
   ncclComm_t comm = nullptr;
   ncclResult_t rc;
-  if (o.device == "cuda") {  // the GPU of this local rank, before the communicator is made
+  int gpu = -1;              // --device cuda: this local rank's GPU
+  if (o.device == "cuda") {  // made current before the communicator, which takes it
     const char* lr = getenv("LOCAL_RANK");
     if (!lr) lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     if (!lr) lr = getenv("SLURM_LOCALID");
-    if (std::string err; !trainer::selectGpu(lr ? atoi(lr) : 0, &err)) {
+    const int local = lr ? atoi(lr) : 0;
+    if (std::string err; !trainer::selectGpu(local, &err)) {
       fprintf(stderr, "tutti-train: %s\n", err.c_str());
       return 1;
     }
+    gpu = local % trainer::gpuCount();
   }
   if (launchedByLauncher()) {
     rc = tuttiCommInitFromEnv(&comm);
   } else {
-    int dev = -1;
-    if (o.device == "cuda") dev = 0;       // alone: local rank 0, the GPU selectGpu made current
+    int dev = gpu;
     rc = ncclCommInitAll(&comm, 1, &dev);  // run alone: a one-rank communicator
   }
   if (rc != ncclSuccess) {

@@ -108,7 +108,7 @@ bool Run::setUp(const Dataset* data) {
   // Checks that every rank makes alike need no agreement round: each one fails by itself.
   if (o_.device == "cuda" && !gpuModelBuilt()) {
     std::string err;
-    GpuModel::create(comm_, {}, 0, {}, o_.grad_dtype, &err);
+    GpuModel::create(comm_, {}, 0, 0, {}, o_.grad_dtype, &err);
     return fail(err);
   }
   if (o_.batch % (nranks_ * o_.accum) != 0) {
@@ -153,7 +153,7 @@ bool Run::setUp(const Dataset* data) {
   sync_ = std::make_unique<GradSync>(comm_, makeBuckets(model_->layers(), o_.bucket_bytes),
                                      o_.grad_dtype, o_.overlap);
   if (o_.device == "cuda") {
-    gpu_ = GpuModel::create(comm_, model_->layers(), std::max(micro_, 1000),
+    gpu_ = GpuModel::create(comm_, model_->layers(), std::max(micro_, 1000), micro_,
                             makeBuckets(model_->layers(), o_.bucket_bytes), o_.grad_dtype, &err);
     ok = gpu_ != nullptr;
     if (!ok) res_.error = "rank " + std::to_string(rank_) + ": " + err;
