@@ -129,6 +129,10 @@ __global__ void fromBf16(const uint16_t* src, float* dst, size_t n) {
 class CudaModel : public GpuModel {
  public:
   ~CudaModel() override {
+    // After a failure a collective of this rank may still be in flight, waiting for peers that
+    // gave up: waiting here could take until TUTTI_TIMEOUT, and freeing its buffers is unsafe.
+    // The memory is left to the process's exit (the caller aborts the communicator).
+    if (failed_) return;
     if (cs_) cudaStreamSynchronize(cs_);
     if (ms_) cudaStreamSynchronize(ms_);
     if (blas_) cublasDestroy(blas_);
@@ -276,19 +280,22 @@ class CudaModel : public GpuModel {
   void resetTimers() override { comm_s_ = exposed_s_ = 0; }
 
  private:
-  static bool ok(cudaError_t e, const char* what, std::string* error) {
+  bool ok(cudaError_t e, const char* what, std::string* error) {
     if (e == cudaSuccess) return true;
     cudaGetLastError();
+    failed_ = true;
     *error = std::string("--device cuda: ") + what + ": " + cudaGetErrorString(e);
     return false;
   }
   bool nccl(ncclResult_t rc, const char* what, std::string* error) {
+    failed_ = true;
     *error =
         std::string(what) + " failed: " + ncclGetErrorString(rc) + ": " + ncclGetLastError(comm_);
     return false;
   }
   bool blas(cublasStatus_t s, std::string* error) {
     if (s == CUBLAS_STATUS_SUCCESS) return true;
+    failed_ = true;
     *error = "--device cuda: cublasSgemm failed (status " + std::to_string(int(s)) + ")";
     return false;
   }
@@ -451,6 +458,7 @@ class CudaModel : public GpuModel {
   cudaEvent_t layerDone_ = nullptr, backwardEnd_ = nullptr, commStart_ = nullptr,
               commDone_ = nullptr, staged_ = nullptr;
   bool pendingTimes_ = false;
+  bool failed_ = false;  // a call failed: the destructor leaves everything as it is
   double comm_s_ = 0, exposed_s_ = 0;
 };
 
