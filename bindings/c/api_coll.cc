@@ -95,7 +95,9 @@ Status validate(const Call& c, Comm* comm, RedOpSpec* red, bool* device) {
     if (needRecv && !c.recv) return invalidArgument("recvbuff is NULL with count > 0");
     // Host buffers run on the CPU engine, GPU buffers as kernels; never one of each.
     const cuda::PointerKind sendKind = needSend ? cuda::pointerKind(c.send) : cuda::PointerKind{};
-    const cuda::PointerKind recvKind = needRecv ? cuda::pointerKind(c.recv) : cuda::PointerKind{};
+    const cuda::PointerKind recvKind = !needRecv                      ? cuda::PointerKind{}
+                                       : needSend && c.recv == c.send ? sendKind  // in place
+                                                                      : cuda::pointerKind(c.recv);
     if (needSend && needRecv && sendKind.device != recvKind.device) {
       return invalidUsage(std::string(sendKind.device ? "sendbuff" : "recvbuff") +
                           " is GPU memory but " + (sendKind.device ? "recvbuff" : "sendbuff") +
