@@ -345,4 +345,26 @@ TEST(EmuSteps, MixedSequencesKeepBothEndsInStep) {
   for (const std::string& b : bad) ADD_FAILURE() << b;
 }
 
+// One rank: collectives become copies, except PreMulSum (a kernel); a group's copies and
+// kernels still run in the order they were called. b = a; b *= 2 (in place); c = b: c is 2a.
+TEST(EmuSteps, OneRankCopiesKeepTheirPlaceAmongKernels) {
+  EmuComm comm(1);
+  const size_t count = 1000;
+  std::vector<float> a(count), b(count, -1), c(count, -1);
+  for (size_t i = 0; i < count; ++i) a[i] = float(i);
+  RedOpSpec twice;
+  twice.pre = true;
+  const float two = 2.0f;
+  memcpy(twice.scalar, &two, sizeof(two));
+  const std::string e =
+      comm.run(0, {args(CollKind::kAllReduce, a.data(), b.data(), count, ncclFloat, 0),
+                   args(CollKind::kAllReduce, b.data(), b.data(), count, ncclFloat, 0, twice),
+                   args(CollKind::kAllGather, b.data(), c.data(), count, ncclFloat, 0)});
+  ASSERT_EQ(e, "");
+  for (size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(b[i], 2.0f * a[i]) << i;
+    ASSERT_EQ(c[i], 2.0f * a[i]) << "element " << i << ": the copy ran before the kernel";
+  }
+}
+
 }  // namespace

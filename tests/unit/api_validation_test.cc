@@ -162,6 +162,15 @@ TEST_F(ApiValidation, CollectiveArguments) {
   // Well-formed calls run (this is a one-rank communicator).
   EXPECT_EQ(ncclAllReduce(buf_, buf_, 4, ncclFloat, ncclSum, c, nullptr), ncclSuccess);
   EXPECT_EQ(ncclAllReduce(nullptr, nullptr, 0, ncclFloat, ncclSum, c, nullptr), ncclSuccess);
+  // Count 0 moves nothing and touches nothing: not even a PreMulSum scalar behind a pointer
+  // that is not host memory (it once reached the CPU engine, which read it).
+  ncclRedOp_t pre;
+  float* nowhere = reinterpret_cast<float*>(uintptr_t(8));
+  ASSERT_EQ(ncclRedOpCreatePreMulSum(&pre, nowhere, ncclFloat, ncclScalarDevice, c), ncclSuccess)
+      << ncclGetLastError(c);
+  EXPECT_EQ(ncclAllReduce(buf_, buf_, 0, ncclFloat, pre, c, nullptr), ncclSuccess)
+      << ncclGetLastError(c);
+  EXPECT_EQ(ncclRedOpDestroy(pre, c), ncclSuccess);
 }
 
 TEST_F(ApiValidation, UserReductionOps) {
