@@ -180,7 +180,12 @@ Status Engine::runCollective(const CollArgs& op) {
   const size_t perRankShare = op.kind == CollKind::kAllReduce ? count / size_t(n) : count;
   // Never more than a slot holds (a small NCCL_BUFFSIZE can make slots smaller than
   // kMinChunkBytes).
-  const size_t chunk = algo::pipelinedChunk(slotUnits, perRankShare, nch, kPipelineSteps,
+  // Two ranks over the network: cutting a slot into steps buys no overlap (there is no next
+  // hop to forward to, and the sockets' buffers already pipeline the bytes) but costs each
+  // step its system calls and wake-ups. Measured at 512 KiB over loopback tcp, 5 interleaved
+  // runs each: all_reduce 109-153 us against 209-238 us, all_gather 63-117 against 107-145.
+  const size_t steps = n == 2 && comm_.links().ringUsesNet() ? 1 : kPipelineSteps;
+  const size_t chunk = algo::pipelinedChunk(slotUnits, perRankShare, nch, steps,
                                             std::max<size_t>(kMinChunkBytes / unit, 1));
   const size_t per = algo::channelShare(count, nch);
   auto runChannel = [&](int c) {

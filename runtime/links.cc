@@ -64,6 +64,13 @@ size_t Links::ringSlotBytes() const {
   return s;
 }
 
+bool Links::ringUsesNet() const {
+  const int n = comm_.nranks();
+  for (int r = 0; r < n && n > 1; ++r)
+    if (netBetween(r, (r + 1) % n)) return true;
+  return false;
+}
+
 Result<transport::Transport*> Links::transportFor(int peer) {
   const PeerInfo& me = comm_.peers()[static_cast<size_t>(comm_.rank())];
   const PeerInfo& p = comm_.peers()[static_cast<size_t>(peer)];

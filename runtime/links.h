@@ -47,6 +47,8 @@ class Links {
   // Slot sizes: of the links to peer, and the largest that fits every hop of the ring.
   size_t slotBytesFor(int peer) const;
   size_t ringSlotBytes() const;
+  // Whether any hop of the ring (rank r to r + 1) goes over the network; the same on every rank.
+  bool ringUsesNet() const;
   // Whether the link to peer goes over the network transport (not shared memory).
   bool usesNet(int peer) const;
   bool netBetween(int a, int b) const;
