@@ -50,13 +50,11 @@ int runThreads(trainer::Options o) {
   std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
   std::vector<int> devs(static_cast<size_t>(n), -1);  // -1: a CPU rank
   if (o.device == "cuda") {
-    const int gpus = trainer::gpuCount();
-    if (gpus == 0) {
-      std::string err;
-      trainer::selectGpu(0, &err);
+    if (std::string err; !trainer::selectGpu(0, &err)) {  // no GPU, or no GPU half
       fprintf(stderr, "tutti-train: %s\n", err.c_str());
       return 1;
     }
+    const int gpus = trainer::gpuCount();
     for (int r = 0; r < n; ++r) devs[size_t(r)] = r % gpus;  // several ranks may share a GPU
   }
   if (ncclCommInitAll(comms.data(), n, devs.data()) != ncclSuccess) {

@@ -61,6 +61,7 @@ class Run {
   bool initState();
   bool step(const std::vector<int>& perm, int64_t index_in_epoch, double* loss, int64_t* right);
   bool stepGpu(const std::vector<int>& perm, int64_t index_in_epoch);
+  void gatherMicroBatch(const std::vector<int>& perm, int64_t index_in_epoch, int m);
   bool evaluate(double* loss, int64_t* right, int64_t* count);
   bool finishEpoch(int epoch, int64_t steps, double t_train, double loss, int64_t right,
                    int64_t seen);
@@ -106,11 +107,6 @@ bool Run::setUp(const Dataset* data) {
     return fail(ncclError("querying the communicator", rc, comm_));
   }
   // Checks that every rank makes alike need no agreement round: each one fails by itself.
-  if (o_.device == "cuda" && !gpuModelBuilt()) {
-    std::string err;
-    GpuModel::create(comm_, {}, 0, 0, {}, o_.grad_dtype, &err);
-    return fail(err);
-  }
   if (o_.batch % (nranks_ * o_.accum) != 0) {
     return fail("--batch " + std::to_string(o_.batch) + " is not divisible by " +
                 std::to_string(nranks_) + " ranks x " + std::to_string(o_.accum) +
@@ -220,17 +216,22 @@ bool Run::initState() {
   return true;
 }
 
+// Micro-batch m of this step into x_ / y_. DistributedSampler's shard: rank r takes positions
+// r, r + N, r + 2N, ... of the epoch's permutation, and its j-th sample of this micro-batch is
+// position base + r + N * j.
+void Run::gatherMicroBatch(const std::vector<int>& perm, int64_t index_in_epoch, int m) {
+  const int64_t base = index_in_epoch * o_.batch + int64_t(m) * micro_ * nranks_;
+  for (int j = 0; j < micro_; ++j) idx_[size_t(j)] = perm[size_t(base + rank_ + nranks_ * j)];
+  gatherBatch(data_->train, idx_.data(), micro_, x_.data(), y_.data());
+}
+
 // One optimizer step: k micro-batches of this rank's shard, gradient averaging, SGD update.
 bool Run::step(const std::vector<int>& perm, int64_t index_in_epoch, double* loss, int64_t* right) {
   if (gpu_) return stepGpu(perm, index_in_epoch);
   std::fill(grads_.begin(), grads_.end(), 0.0f);
   const float scale = 1.0f / float(micro_ * o_.accum);  // mean over this rank's samples
   for (int m = 0; m < o_.accum; ++m) {
-    // DistributedSampler's shard: rank r takes positions r, r + N, r + 2N, ... of the epoch's
-    // permutation, and its j-th sample of this step is position base + r + N * j.
-    const int64_t base = index_in_epoch * o_.batch + int64_t(m) * micro_ * nranks_;
-    for (int j = 0; j < micro_; ++j) idx_[size_t(j)] = perm[size_t(base + rank_ + nranks_ * j)];
-    gatherBatch(data_->train, idx_.data(), micro_, x_.data(), y_.data());
+    gatherMicroBatch(perm, index_in_epoch, m);
     int correct = 0;
     *loss += model_->forward(params_.data(), x_.data(), y_.data(), micro_, &correct);
     *right += correct;
@@ -259,9 +260,7 @@ bool Run::stepGpu(const std::vector<int>& perm, int64_t index_in_epoch) {
   const float scale = 1.0f / float(micro_ * o_.accum);
   std::string err;
   for (int m = 0; m < o_.accum; ++m) {
-    const int64_t base = index_in_epoch * o_.batch + int64_t(m) * micro_ * nranks_;
-    for (int j = 0; j < micro_; ++j) idx_[size_t(j)] = perm[size_t(base + rank_ + nranks_ * j)];
-    gatherBatch(data_->train, idx_.data(), micro_, x_.data(), y_.data());
+    gatherMicroBatch(perm, index_in_epoch, m);
     if (!gpu_->microBatch(x_.data(), y_.data(), micro_, scale, m == 0, m + 1 == o_.accum, &err)) {
       return fail("rank " + std::to_string(rank_) + ": " + err);
     }
