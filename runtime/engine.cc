@@ -292,6 +292,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
         it.done += n;
         f.ctrl->sizes[f.step % transport::kSteps].store(
             n | (it.done == it.bytes ? transport::kLastSlot : 0), std::memory_order_relaxed);
+        transport::noteCpu(f.ctrl->senderCpu);
         f.ctrl->tail.store(++f.step, std::memory_order_release);
         if (f.conn->drivesIo()) f.conn->kick();
         moved = true;
@@ -315,6 +316,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
         }
         memcpy(static_cast<char*>(it.op->recv) + it.done, f.slot(f.step), n);
         it.done += n;
+        transport::noteCpu(f.ctrl->receiverCpu);
         f.ctrl->head.store(++f.step, std::memory_order_release);
         if (f.conn->drivesIo()) f.conn->kick();
         moved = true;
@@ -332,6 +334,16 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
       continue;
     }
     ++idle;
+    if (idle == 16 && spinning) {  // no busy-polling for a peer that shares this CPU (Waiter)
+      for (auto& [peer, q] : sends) {
+        if (!q.empty())
+          spinning &= !Waiter::peerOnMyCpu(*comm_.links().send(peer, 0), Waiter::Dir::kSend);
+      }
+      for (auto& [peer, q] : recvs) {
+        if (!q.empty())
+          spinning &= !Waiter::peerOnMyCpu(*comm_.links().recv(peer, 0), Waiter::Dir::kRecv);
+      }
+    }
     if (spinning) {
       cpuRelax();
       if ((idle & 255) != 255) continue;

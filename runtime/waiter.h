@@ -66,10 +66,29 @@ class Waiter {
 
   explicit Waiter(OpState* op) : op_(op) {}
 
+  // What a wait is for: space to send into (the peer moves head), or data (the peer moves
+  // tail).
+  enum class Dir { kSend, kRecv };
+
+  // Records the CPU this rank waits on in f's control block, and says whether the peer ran
+  // on the same one when it last moved this FIFO's counter (false when the transport cannot
+  // tell). The peer then cannot run while this rank spins: the scheduler can put both ranks
+  // on one core (it tends to wake a task where its waker ran), or another job can hold the
+  // other core, and every spin costs the step its whole length.
+  static bool peerOnMyCpu(const transport::FifoView& f, Dir d) {
+    if (!f.conn || !f.conn->sharedCtrl()) return false;
+    const int32_t cpu =
+        transport::noteCpu(d == Dir::kSend ? f.ctrl->senderCpu : f.ctrl->receiverCpu);
+    if (cpu <= 0) return false;
+    auto& theirs = d == Dir::kSend ? f.ctrl->receiverCpu : f.ctrl->senderCpu;
+    return theirs.load(std::memory_order_relaxed) == cpu;
+  }
+
   // Waits until ready() holds; false when the operation failed instead.
   template <class Ready>
-  bool until(Ready ready, const transport::FifoView& f, const char* dir) {
+  bool until(Ready ready, const transport::FifoView& f, Dir d) {
     if (op_->failed()) return false;
+    const char* dir = d == Dir::kSend ? "sending to" : "receiving from";
     Clock::time_point since{};
     const bool drive = f.conn && f.conn->drivesIo();
     // Busy-poll for up to spinNs (the answer is usually well under a microsecond away when
@@ -86,6 +105,9 @@ class Waiter {
       }
       if (spinning) {
         cpuRelax();
+        // After a few hundred nanoseconds (most answers come sooner): is the peer on this
+        // CPU, where spinning only keeps it from running?
+        if (i == 15 && peerOnMyCpu(f, d)) spinning = false, i = 0;
         if ((i & 255) != 255) continue;
         Clock::time_point now = Clock::now();
         if (spinStart.time_since_epoch().count() == 0) spinStart = now;

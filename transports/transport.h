@@ -6,6 +6,8 @@
 // business.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -30,9 +32,15 @@ constexpr uint64_t kSizeMask = (1ull << 40) - 1;
 // Lives next to the slots, shared by both sides when the transport maps memory across ranks.
 struct alignas(64) FifoCtrl {
   std::atomic<uint64_t> tail;
-  char pad0[56];
+  // 1 + the CPU the sender ran on when it last posted a slot or waited (0: not known yet);
+  // receiverCpu, the same for the receiver (freeing a slot, waiting). Host engines only,
+  // read where both sides map this block (Connection::sharedCtrl): a wait does not busy-poll
+  // for a peer that shares its CPU (Waiter::peerOnMyCpu).
+  std::atomic<int32_t> senderCpu;
+  char pad0[52];
   std::atomic<uint64_t> head;
-  char pad1[56];
+  std::atomic<int32_t> receiverCpu;
+  char pad1[52];
   std::atomic<uint64_t> sizes[kSteps];
   // Single copy (shm): the address of a slot's payload in the sender's memory, or 0 when the
   // payload is in the slot. Written before tail publishes the step.
@@ -44,6 +52,13 @@ struct alignas(64) FifoCtrl {
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "FIFO counters cross processes");
 
 class Connection;
+
+// Records the CPU the calling thread runs on in one of FifoCtrl's CPU fields.
+inline int32_t noteCpu(std::atomic<int32_t>& field) {
+  const int32_t cpu = sched_getcpu() + 1;
+  if (field.load(std::memory_order_relaxed) != cpu) field.store(cpu, std::memory_order_relaxed);
+  return cpu;
+}
 
 // What an engine holds for one end of one connection.
 struct FifoView {
@@ -90,6 +105,9 @@ class Connection {
   // through a slot. tcp: the socket calls copy anyway, so they use the caller's buffers;
   // shm: the receiver copies straight from the sender's buffer (single copy).
   bool direct() const { return direct_; }
+  // Whether both sides use the one FifoCtrl (shared memory), so that each can see the CPU
+  // the other last ran on.
+  bool sharedCtrl() const { return sharedCtrl_; }
   // Sender: the payload of `step` (not yet published) is `bytes` at `src`. Returns false when
   // the transport copied it into the slot now; true when it keeps using src, which must then
   // stay valid and unchanged until head passes step.
@@ -119,6 +137,7 @@ class Connection {
   FifoView fifo_;
   bool drivesIo_ = false;
   bool direct_ = false;
+  bool sharedCtrl_ = false;
 };
 
 // Carries the receiver's setup information to the sender over the bootstrap.

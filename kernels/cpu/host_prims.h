@@ -114,7 +114,7 @@ class HostPrims {
     if (!sentDirect_) return;
     transport::FifoView& f = *sendTo_;
     w_->until([&] { return f.ctrl->head.load(std::memory_order_acquire) >= f.step; }, f,
-              "sending to");
+              Waiter::Dir::kSend);
   }
 
  private:
@@ -128,13 +128,14 @@ class HostPrims {
     transport::FifoView& f = *sendTo_;
     bool ok = w_->until(
         [&] { return f.ctrl->head.load(std::memory_order_acquire) + transport::kSteps > f.step; },
-        f, "sending to");
+        f, Waiter::Dir::kSend);
     return ok ? reinterpret_cast<T*>(f.slot(f.step)) : nullptr;
   }
   void postSend(int n) {
     transport::FifoView& f = *sendTo_;
     f.ctrl->sizes[f.step % transport::kSteps].store(uint64_t(n) * sizeof(T),
                                                     std::memory_order_relaxed);
+    transport::noteCpu(f.ctrl->senderCpu);
     f.ctrl->tail.store(++f.step, std::memory_order_release);
     if (f.conn->drivesIo()) f.conn->kick();
   }
@@ -143,7 +144,7 @@ class HostPrims {
     transport::FifoView& f = *recvFrom_;
     if (recvDirect_) f.conn->recvInto(f.step, dst, size_t(n) * sizeof(T));
     bool ok = w_->until([&] { return f.ctrl->tail.load(std::memory_order_acquire) > f.step; }, f,
-                        "receiving from");
+                        Waiter::Dir::kRecv);
     if (!ok) return nullptr;
     uint64_t got = f.ctrl->sizes[f.step % transport::kSteps].load(std::memory_order_relaxed) &
                    transport::kSizeMask;
@@ -167,6 +168,7 @@ class HostPrims {
   }
   void releaseRecv() {
     transport::FifoView& f = *recvFrom_;
+    transport::noteCpu(f.ctrl->receiverCpu);
     f.ctrl->head.store(++f.step, std::memory_order_release);
     if (f.conn->drivesIo()) f.conn->kick();
   }

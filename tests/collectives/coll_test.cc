@@ -1,6 +1,7 @@
 // The correctness matrix with ranks as threads of this process, over shm and over tcp
 // (NCCL_SHM_DISABLE=1), on every communicator size of DESIGN.md.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <mutex>
 #include <string>
@@ -8,6 +9,9 @@
 
 #include "collectives/matrix.h"
 #include "harness/harness.h"
+#include "runtime/comm.h"
+#include "runtime/links.h"
+#include "runtime/waiter.h"
 
 using namespace tutti::test;
 
@@ -152,3 +156,43 @@ TEST(Broadcast, NonRootRanksMayPassNullSendbuff) {
 }
 
 }  // namespace
+
+// Waits and the CPU they run on: two ranks on threads over shm, pinned (after init, so the
+// communicator does not count itself oversubscribed) first to one CPU, then to two. Both
+// all-reduces must give the right sums, and a wait must see its peer on its own CPU in the
+// first case (it then yields at once instead of spinning up to TUTTI_SPIN_NS while the peer
+// cannot run) and not in the second.
+TEST(Waits, AShmWaitSeesWhetherThePeerSharesItsCpu) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  if (CPU_COUNT(&all) < 2) GTEST_SKIP() << "needs two CPUs";
+  int cpus[2], k = 0;
+  for (int c = 0; c < CPU_SETSIZE && k < 2; ++c) {
+    if (CPU_ISSET(c, &all)) cpus[k++] = c;
+  }
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  std::vector<ncclComm_t> comms = initThreads(2);
+  for (bool oneCpu : {true, false}) {
+    std::vector<bool> sameCpu(2);
+    onThreads(2, [&](int r) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpus[oneCpu ? 0 : r], &one);
+      ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+      std::vector<float> v(1 << 18, float(r + 1));  // 1 MiB: many slots, many waits
+      for (int i = 0; i < 3; ++i) {
+        ASSERT_EQ(ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat, ncclSum, comms[size_t(r)],
+                                nullptr),
+                  ncclSuccess);
+      }
+      EXPECT_EQ(v.front(), 12.0f);  // 1 + 2, then doubled twice
+      EXPECT_EQ(v.back(), 12.0f);
+      auto* c = reinterpret_cast<tutti::Comm*>(comms[size_t(r)]);
+      sameCpu[size_t(r)] =
+          tutti::Waiter::peerOnMyCpu(*c->links().recv(1 - r, 0), tutti::Waiter::Dir::kRecv);
+    });
+    EXPECT_EQ(sameCpu[0], oneCpu);
+    EXPECT_EQ(sameCpu[1], oneCpu);
+  }
+  for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}

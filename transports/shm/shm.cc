@@ -77,6 +77,7 @@ class ShmConnection : public Connection {
     fifo_.peer = spec.peer;
     fifo_.channel = spec.channel;
     fifo_.conn = this;
+    sharedCtrl_ = true;
   }
   ~ShmConnection() override {
     if (owner_) shm_unlink(name_.c_str());  // ENOENT once the sender unlinked it: fine
