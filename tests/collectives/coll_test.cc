@@ -173,7 +173,7 @@ TEST(Waits, AShmWaitSeesWhetherThePeerSharesItsCpu) {
   ScopedEnv shm("NCCL_SHM_DISABLE", "0");
   std::vector<ncclComm_t> comms = initThreads(2);
   for (bool oneCpu : {true, false}) {
-    std::vector<bool> sameCpu(2);
+    std::vector<int> sameCpu(2);  // not vector<bool>: its elements share words
     onThreads(2, [&](int r) {
       cpu_set_t one;
       CPU_ZERO(&one);
@@ -191,8 +191,8 @@ TEST(Waits, AShmWaitSeesWhetherThePeerSharesItsCpu) {
       sameCpu[size_t(r)] =
           tutti::Waiter::peerOnMyCpu(*c->links().recv(1 - r, 0), tutti::Waiter::Dir::kRecv);
     });
-    EXPECT_EQ(sameCpu[0], oneCpu);
-    EXPECT_EQ(sameCpu[1], oneCpu);
+    EXPECT_EQ(sameCpu[0], int(oneCpu));
+    EXPECT_EQ(sameCpu[1], int(oneCpu));
   }
   for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
