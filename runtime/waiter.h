@@ -84,6 +84,12 @@ class Waiter {
     return theirs.load(std::memory_order_relaxed) == cpu;
   }
 
+  // Whether busy-polling for f's peer may only keep it from running: it shares this CPU, or
+  // it is on this machine where the FIFO cannot show its CPU.
+  static bool spinMayStall(const transport::FifoView& f, Dir d) {
+    return (f.conn && f.conn->localPeerUnseen()) || peerOnMyCpu(f, d);
+  }
+
   // Waits until ready() holds; false when the operation failed instead.
   template <class Ready>
   bool until(Ready ready, const transport::FifoView& f, Dir d) {
@@ -107,7 +113,7 @@ class Waiter {
         cpuRelax();
         // After a few hundred nanoseconds (most answers come sooner): is the peer on this
         // CPU, where spinning only keeps it from running?
-        if (i == 15 && peerOnMyCpu(f, d)) spinning = false, i = 0;
+        if (i == 15 && spinMayStall(f, d)) spinning = false, i = 0;
         if ((i & 255) != 255) continue;
         Clock::time_point now = Clock::now();
         if (spinStart.time_since_epoch().count() == 0) spinStart = now;

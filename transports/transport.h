@@ -108,6 +108,10 @@ class Connection {
   // Whether both sides use the one FifoCtrl (shared memory), so that each can see the CPU
   // the other last ran on.
   bool sharedCtrl() const { return sharedCtrl_; }
+  // Whether the peer runs on this machine (so it may share this rank's CPU) behind a FIFO
+  // that cannot show where (tcp over loopback or between network namespaces): waits do not
+  // busy-poll for it.
+  bool localPeerUnseen() const { return localPeerUnseen_; }
   // Sender: the payload of `step` (not yet published) is `bytes` at `src`. Returns false when
   // the transport copied it into the slot now; true when it keeps using src, which must then
   // stay valid and unchanged until head passes step.
@@ -138,6 +142,7 @@ class Connection {
   bool drivesIo_ = false;
   bool direct_ = false;
   bool sharedCtrl_ = false;
+  bool localPeerUnseen_ = false;
 };
 
 // Carries the receiver's setup information to the sender over the bootstrap.

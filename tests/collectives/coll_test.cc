@@ -196,3 +196,26 @@ TEST(Waits, AShmWaitSeesWhetherThePeerSharesItsCpu) {
   }
   for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
+
+// Over tcp the FIFO cannot show the peer's CPU: a peer on this machine (loopback here) may
+// share this rank's core, so waits for it never spin.
+TEST(Waits, ATcpPeerOnThisMachineIsNotSpunFor) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "1");
+  std::vector<ncclComm_t> comms = initThreads(2);
+  std::vector<int> stall(2), seen(2);
+  onThreads(2, [&](int r) {
+    std::vector<float> v(1000, float(r + 1));
+    ASSERT_EQ(
+        ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat, ncclSum, comms[size_t(r)], nullptr),
+        ncclSuccess);
+    EXPECT_EQ(v[999], 3.0f);
+    auto* c = reinterpret_cast<tutti::Comm*>(comms[size_t(r)]);
+    const tutti::transport::FifoView& f = *c->links().recv(1 - r, 0);
+    EXPECT_STREQ(f.conn->transportName(), "tcp");
+    stall[size_t(r)] = tutti::Waiter::spinMayStall(f, tutti::Waiter::Dir::kRecv);
+    seen[size_t(r)] = tutti::Waiter::peerOnMyCpu(f, tutti::Waiter::Dir::kRecv);
+  });
+  EXPECT_EQ(stall, std::vector<int>({1, 1}));
+  EXPECT_EQ(seen, std::vector<int>({0, 0}));  // no shared control block to read it from
+  for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}

@@ -58,8 +58,9 @@ struct SockState {
 class TcpConnection : public Connection {
  public:
   TcpConnection(const ConnSpec& spec, bool sending, std::function<void()> wakeProxy,
-                std::string peerName)
+                std::string peerName, bool peerOnThisMachine)
       : sending_(sending), peerName_(std::move(peerName)), wakeProxy_(std::move(wakeProxy)) {
+    localPeerUnseen_ = peerOnThisMachine;
     bytes_ = (sizeof(FifoCtrl) + kSteps * spec.slotBytes + 63) / 64 * 64;
     mem_ = static_cast<char*>(aligned_alloc(64, bytes_));
     auto* ctrl = new (mem_) FifoCtrl();
@@ -386,7 +387,7 @@ class TcpTransport : public Transport {
     d.nsocks = static_cast<uint32_t>(nsocks_);
     memcpy(out->bytes, &d, sizeof(d));
     auto conn = std::make_unique<TcpConnection>(
-        spec, false, [this] { ring(); }, peerName(spec.peer));
+        spec, false, [this] { ring(); }, peerName(spec.peer), onThisMachine(spec.peer));
     pendingRecv_.push_back({conn.get(), d.connId, spec.peer});
     TcpConnection* c = conn.get();
     conn->setFinisher([this, c] { return finishRecv(c); });
@@ -465,7 +466,7 @@ class TcpTransport : public Transport {
       socks.push_back(s.take());
     }
     auto conn = std::make_unique<TcpConnection>(
-        spec, true, [this] { ring(); }, peerName(spec.peer));
+        spec, true, [this] { ring(); }, peerName(spec.peer), onThisMachine(spec.peer));
     conn->adopt(std::move(socks));
     addToProxy(conn.get());
     TUTTI_INFO(log::kNet, "rank %d -> rank %d channel %d: tcp via %s, %u sockets", comm_.rank(),
@@ -518,6 +519,12 @@ class TcpTransport : public Transport {
     uint64_t connId;
     int peer;
   };
+
+  // The same running kernel: the peer competes for this rank's CPUs.
+  bool onThisMachine(int peer) const {
+    return comm_.peers()[static_cast<size_t>(peer)].machineHash ==
+           comm_.peers()[static_cast<size_t>(comm_.rank())].machineHash;
+  }
 
   std::string peerName(int peer) const {
     const PeerInfo& p = comm_.peers()[static_cast<size_t>(peer)];
