@@ -67,7 +67,7 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     channelWorkers_.push_back(std::make_unique<Worker>(comm.cudaDev()));
   }
   TUTTI_INFO(log::kInit, "rank %d: CPU engine, %d-%d channels, %zu-byte ring chunks at most",
-             comm.rank(), minChannels_, maxChannels_, comm.links().ringSlotBytes());
+             comm.rank(), minChannels_, maxChannels_, comm.links().ringStepBytes());
 }
 
 Engine::~Engine() = default;
@@ -176,7 +176,10 @@ Status Engine::runCollective(const CollArgs& op) {
   // message still crosses in several pipelined steps (copy-in on one side overlapping
   // copy-out on the other) instead of one slot at a time in lock-step.
   const size_t unit = bytes ? 1 : elem;
-  const size_t slotUnits = comm_.links().ringSlotBytes() / unit;
+  // Two ranks over the network, broadcast: a step may fill a whole slot (Links).
+  const bool wholeSlots = n == 2 && op.kind == CollKind::kBroadcast && comm_.links().ringUsesNet();
+  const size_t slotUnits =
+      (wholeSlots ? comm_.links().ringSlotBytes() : comm_.links().ringStepBytes()) / unit;
   const size_t perRankShare = op.kind == CollKind::kAllReduce ? count / size_t(n) : count;
   // Never more than a slot holds (a small NCCL_BUFFSIZE can make slots smaller than
   // kMinChunkBytes).
@@ -287,7 +290,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
       while (!q.empty() &&
              f.ctrl->head.load(std::memory_order_acquire) + transport::kSteps > f.step) {
         Item& it = q.front();
-        size_t n = std::min(f.slotBytes, it.bytes - it.done);
+        size_t n = std::min(comm_.links().stepBytesFor(peer), it.bytes - it.done);
         memcpy(f.slot(f.step), static_cast<const char*>(it.op->send) + it.done, n);
         it.done += n;
         f.ctrl->sizes[f.step % transport::kSteps].store(

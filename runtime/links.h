@@ -47,6 +47,10 @@ class Links {
   // Slot sizes: of the links to peer, and the largest that fits every hop of the ring.
   size_t slotBytesFor(int peer) const;
   size_t ringSlotBytes() const;
+  // The most one step carries: over the network by default less than a slot holds (see
+  // links.cc), else a slot. stepBytesFor: to peer; ringStepBytes: on every hop of the ring.
+  size_t stepBytesFor(int peer) const;
+  size_t ringStepBytes() const;
   // Whether any hop of the ring (rank r to r + 1) goes over the network; the same on every rank.
   bool ringUsesNet() const;
   // Whether the link to peer goes over the network transport (not shared memory).
@@ -58,7 +62,7 @@ class Links {
  private:
   Comm& comm_;
   Kind kind_;
-  size_t slotBytes_, netSlotBytes_;
+  size_t slotBytes_, netSlotBytes_, netStepBytes_;
   bool shmDisabled_;
   std::string netName_;
   std::unique_ptr<transport::Transport> shm_, net_, p2p_;

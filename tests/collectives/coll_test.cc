@@ -219,3 +219,43 @@ TEST(Waits, ATcpPeerOnThisMachineIsNotSpunFor) {
   EXPECT_EQ(seen, std::vector<int>({0, 0}));  // no shared control block to read it from
   for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
+
+// tcp with the default buffers: 2 MiB slots, steps of at most 512 KiB, except a two-rank
+// broadcast's, which fill whole slots. Messages bigger than a slot, with odd lengths: a
+// broadcast from either root in and out of place, a send/recv, and an all-reduce.
+TEST(TcpDefaultBuffers, BigBroadcastSendRecvAndAllReduceAreExact) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "1");
+  ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
+  std::vector<ncclComm_t> comms = initThreads(2);
+  const size_t count = (5 << 20) / sizeof(int32_t) + 7;  // 5 MiB and 28 bytes
+  auto value = [](size_t i, int salt) { return int32_t(i * 2654435761u) ^ salt; };
+  onThreads(2, [&](int r) {
+    ncclComm_t c = comms[size_t(r)];
+    for (int root : {0, 1}) {
+      for (bool inPlace : {true, false}) {
+        std::vector<int32_t> send(count), recv(count, -1);
+        for (size_t i = 0; i < count; ++i) send[i] = r == root ? value(i, root) : -2;
+        int32_t* out = inPlace ? send.data() : recv.data();
+        ASSERT_EQ(ncclBroadcast(send.data(), out, count, ncclInt32, root, c, nullptr), ncclSuccess);
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(out[i], value(i, root))
+              << "root " << root << " in place " << inPlace << " " << i;
+        }
+      }
+    }
+    std::vector<int32_t> mine(count), theirs(count, -1);
+    for (size_t i = 0; i < count; ++i) mine[i] = value(i, 10 + r);
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    ASSERT_EQ(ncclSend(mine.data(), count, ncclInt32, 1 - r, c, nullptr), ncclSuccess);
+    ASSERT_EQ(ncclRecv(theirs.data(), count, ncclInt32, 1 - r, c, nullptr), ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(theirs[i], value(i, 11 - r)) << i;
+    std::vector<int32_t> sum(count);
+    ASSERT_EQ(ncclAllReduce(mine.data(), sum.data(), count, ncclInt32, ncclSum, c, nullptr),
+              ncclSuccess);
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(sum[i], int32_t(uint32_t(value(i, 10)) + uint32_t(value(i, 11)))) << i;
+    }
+  });
+  for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
