@@ -61,26 +61,20 @@ bool Links::netBetween(int a, int b) const {
 size_t Links::slotBytesFor(int peer) const { return usesNet(peer) ? netSlotBytes_ : slotBytes_; }
 
 // The ring's chunk must fit the slots of every hop, and every rank must pick the same: each
-// one derives it from the peer table, which all ranks share.
-size_t Links::ringSlotBytes() const {
+// one derives it from the peer table, which all ranks share. `net`: the figure for a hop over
+// the network (shared memory hops have slotBytes_).
+size_t Links::ringMin(size_t net) const {
   const int n = comm_.nranks();
   size_t s = n > 1 ? SIZE_MAX : slotBytes_;
   for (int r = 0; r < n && n > 1; ++r) {
-    s = std::min(s, netBetween(r, (r + 1) % n) ? netSlotBytes_ : slotBytes_);
+    s = std::min(s, netBetween(r, (r + 1) % n) ? net : slotBytes_);
   }
   return s;
 }
 
+size_t Links::ringSlotBytes() const { return ringMin(netSlotBytes_); }
 size_t Links::stepBytesFor(int peer) const { return usesNet(peer) ? netStepBytes_ : slotBytes_; }
-
-size_t Links::ringStepBytes() const {
-  const int n = comm_.nranks();
-  size_t s = n > 1 ? SIZE_MAX : slotBytes_;
-  for (int r = 0; r < n && n > 1; ++r) {
-    s = std::min(s, netBetween(r, (r + 1) % n) ? netStepBytes_ : slotBytes_);
-  }
-  return s;
-}
+size_t Links::ringStepBytes() const { return ringMin(netStepBytes_); }
 
 bool Links::ringUsesNet() const {
   const int n = comm_.nranks();

@@ -60,6 +60,8 @@ class Links {
   Result<transport::Transport*> transportFor(int peer);
 
  private:
+  size_t ringMin(size_t net) const;
+
   Comm& comm_;
   Kind kind_;
   size_t slotBytes_, netSlotBytes_, netStepBytes_;
