@@ -340,11 +340,11 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
     if (idle == 16 && spinning) {  // no busy-polling for a peer that shares this CPU (Waiter)
       for (auto& [peer, q] : sends) {
         if (!q.empty())
-          spinning &= !Waiter::spinMayStall(*comm_.links().send(peer, 0), Waiter::Dir::kSend);
+          spinning &= !Waiter::peerOnMyCpu(*comm_.links().send(peer, 0), Waiter::Dir::kSend);
       }
       for (auto& [peer, q] : recvs) {
         if (!q.empty())
-          spinning &= !Waiter::spinMayStall(*comm_.links().recv(peer, 0), Waiter::Dir::kRecv);
+          spinning &= !Waiter::peerOnMyCpu(*comm_.links().recv(peer, 0), Waiter::Dir::kRecv);
       }
     }
     if (spinning) {

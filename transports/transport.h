@@ -109,9 +109,13 @@ class Connection {
   // the other last ran on.
   bool sharedCtrl() const { return sharedCtrl_; }
   // Whether the peer runs on this machine (so it may share this rank's CPU) behind a FIFO
-  // that cannot show where (tcp over loopback or between network namespaces): waits do not
-  // busy-poll for it.
+  // that cannot show where (tcp over loopback or between network namespaces): waits stop
+  // busy-polling for it for a while when their spins keep running out (Waiter).
   bool localPeerUnseen() const { return localPeerUnseen_; }
+  // For such a peer: spins in a row that ran out, and waits left that do not spin (Waiter;
+  // touched only by the thread that waits on this connection).
+  uint32_t unseenMisses = 0;
+  uint32_t unseenRest = 0;
   // Sender: the payload of `step` (not yet published) is `bytes` at `src`. Returns false when
   // the transport copied it into the slot now; true when it keeps using src, which must then
   // stay valid and unchanged until head passes step.

@@ -197,27 +197,35 @@ TEST(Waits, AShmWaitSeesWhetherThePeerSharesItsCpu) {
   for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
 
-// Over tcp the FIFO cannot show the peer's CPU: a peer on this machine (loopback here) may
-// share this rank's core, so waits for it never spin.
-TEST(Waits, ATcpPeerOnThisMachineIsNotSpunFor) {
+// Over tcp the FIFO cannot show the peer's CPU. For a peer on this machine (loopback here),
+// which may share this rank's core, waits spin until kUnseenMisses spins in a row run out;
+// then kUnseenRest waits do not spin, and spinning resumes after them.
+TEST(Waits, ATcpPeerOnThisMachineIsNotSpunForOnceSpinsRunOut) {
   ScopedEnv shm("NCCL_SHM_DISABLE", "1");
   std::vector<ncclComm_t> comms = initThreads(2);
-  std::vector<int> stall(2), seen(2);
   onThreads(2, [&](int r) {
     std::vector<float> v(1000, float(r + 1));
     ASSERT_EQ(
         ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat, ncclSum, comms[size_t(r)], nullptr),
         ncclSuccess);
     EXPECT_EQ(v[999], 3.0f);
-    auto* c = reinterpret_cast<tutti::Comm*>(comms[size_t(r)]);
-    const tutti::transport::FifoView& f = *c->links().recv(1 - r, 0);
-    EXPECT_STREQ(f.conn->transportName(), "tcp");
-    stall[size_t(r)] = tutti::Waiter::spinMayStall(f, tutti::Waiter::Dir::kRecv);
-    seen[size_t(r)] = tutti::Waiter::peerOnMyCpu(f, tutti::Waiter::Dir::kRecv);
   });
-  EXPECT_EQ(stall, std::vector<int>({1, 1}));
-  EXPECT_EQ(seen, std::vector<int>({0, 0}));  // no shared control block to read it from
-  for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  using tutti::Waiter;
+  auto* c = reinterpret_cast<tutti::Comm*>(comms[0]);
+  const tutti::transport::FifoView& f = *c->links().recv(1, 0);
+  EXPECT_STREQ(f.conn->transportName(), "tcp");
+  EXPECT_TRUE(f.conn->localPeerUnseen());
+  EXPECT_FALSE(Waiter::peerOnMyCpu(f, Waiter::Dir::kRecv));  // no shared block to read it in
+  f.conn->unseenMisses = 0;
+  f.conn->unseenRest = 0;
+  EXPECT_TRUE(Waiter::unseenMaySpin(f));
+  for (uint32_t k = 1; k < Waiter::kUnseenMisses; ++k) Waiter::unseenSpinEnded(f, true);
+  Waiter::unseenSpinEnded(f, false);  // an answer in time starts the count again
+  EXPECT_TRUE(Waiter::unseenMaySpin(f));
+  for (uint32_t k = 0; k < Waiter::kUnseenMisses; ++k) Waiter::unseenSpinEnded(f, true);
+  for (uint32_t k = 0; k < Waiter::kUnseenRest; ++k) ASSERT_FALSE(Waiter::unseenMaySpin(f)) << k;
+  EXPECT_TRUE(Waiter::unseenMaySpin(f));
+  for (ncclComm_t comm : comms) EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
 }
 
 // tcp with the default buffers: 2 MiB slots, steps of at most 512 KiB, except a two-rank
