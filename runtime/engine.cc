@@ -295,9 +295,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
         it.done += n;
         f.ctrl->sizes[f.step % transport::kSteps].store(
             n | (it.done == it.bytes ? transport::kLastSlot : 0), std::memory_order_relaxed);
-        transport::noteCpu(f.ctrl->senderCpu);
-        f.ctrl->tail.store(++f.step, std::memory_order_release);
-        if (f.conn->drivesIo()) f.conn->kick();
+        transport::postTail(f);
         moved = true;
         if (it.done == it.bytes) q.pop_front();
       }
@@ -319,9 +317,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
         }
         memcpy(static_cast<char*>(it.op->recv) + it.done, f.slot(f.step), n);
         it.done += n;
-        transport::noteCpu(f.ctrl->receiverCpu);
-        f.ctrl->head.store(++f.step, std::memory_order_release);
-        if (f.conn->drivesIo()) f.conn->kick();
+        transport::postHead(f);
         moved = true;
         if (it.done == it.bytes) q.pop_front();
       }

@@ -149,6 +149,20 @@ class Connection {
   bool localPeerUnseen_ = false;
 };
 
+// Host engines publish a step through these: the sender after filling slot f.step (its size
+// recorded), the receiver after consuming it. Each records its CPU where the peer can read it
+// (shared control blocks only), moves the counter, and lets tcp move bytes at once.
+inline void postTail(FifoView& f) {
+  if (f.conn->sharedCtrl()) noteCpu(f.ctrl->senderCpu);
+  f.ctrl->tail.store(++f.step, std::memory_order_release);
+  if (f.conn->drivesIo()) f.conn->kick();
+}
+inline void postHead(FifoView& f) {
+  if (f.conn->sharedCtrl()) noteCpu(f.ctrl->receiverCpu);
+  f.ctrl->head.store(++f.step, std::memory_order_release);
+  if (f.conn->drivesIo()) f.conn->kick();
+}
+
 // Carries the receiver's setup information to the sender over the bootstrap.
 struct Descriptor {
   char bytes[192];

@@ -135,9 +135,7 @@ class HostPrims {
     transport::FifoView& f = *sendTo_;
     f.ctrl->sizes[f.step % transport::kSteps].store(uint64_t(n) * sizeof(T),
                                                     std::memory_order_relaxed);
-    transport::noteCpu(f.ctrl->senderCpu);
-    f.ctrl->tail.store(++f.step, std::memory_order_release);
-    if (f.conn->drivesIo()) f.conn->kick();
+    transport::postTail(f);
   }
   // dst: where the payload should go if the transport can put it there (landed_ says).
   const T* acquireRecv(int n, T* dst = nullptr) {
@@ -168,9 +166,7 @@ class HostPrims {
   }
   void releaseRecv() {
     transport::FifoView& f = *recvFrom_;
-    transport::noteCpu(f.ctrl->receiverCpu);
-    f.ctrl->head.store(++f.step, std::memory_order_release);
-    if (f.conn->drivesIo()) f.conn->kick();
+    transport::postHead(f);
   }
 
   transport::FifoView* sendTo_;
