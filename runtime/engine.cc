@@ -45,13 +45,39 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   maxChannels_ = std::max(maxChannels_, minChannels_);
   timeoutS_ = env::getDouble("TUTTI_TIMEOUT", 1800);
   pairMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_PAIR_MAX_BYTES", 64 << 10));
-  // Recursive doubling against the ring, 4 and 8 ranks on 2 cores: over tcp it wins up to
-  // 256 KiB-1 MiB (each ring step is a socket round trip); over shm only up to a few KiB
-  // (it moves log2(n) whole vectors per rank where the ring moves about two).
+  // Small all-reduces of 3+ ranks skip the ring's 2(n-1) dependent steps, by size:
+  //  - flat: every rank sends its input to every other and combines all n itself (one step,
+  //    n(n-1) messages);
+  //  - recursive doubling: log2(n) exchange steps, n log2(n) messages;
+  //  - the binomial tree over doubling's links: 2 log2(n) steps, 2(n-1) messages.
+  // The choice must agree on every rank, so it looks at every machine: does one hold more
+  // ranks than it has CPUs (network namespaces share the CPUs)? With a core per rank, steps
+  // cost most: doubling over tcp up to 256 KiB (each ring step is a socket round trip), over
+  // shm up to 2 KiB (it moves log2(n) whole vectors per rank where the ring moves about two).
+  // With ranks sharing cores, what every message costs (system calls, being scheduled)
+  // counts as much. 8 ranks on 2 cores, medians of 6-8 interleaved runs, us:
+  //  - tcp 8 B: tree 129-143, doubling 141-169, Open MPI 167-170; 32 KiB: 187-204, 279-300,
+  //    394; 256 KiB: tree 923-937, ring 1445-1648, Open MPI 1641-1982. With 4 ranks doubling
+  //    still wins the small sizes (8 B: 49 against the tree's 57): the tree from 8 ranks.
+  //  - shm 8 B: flat 17, doubling 25-37, Open MPI 24-26; 2 KiB: 34, 45, 43; 8 KiB: 88, 73,
+  //    123; 64 KiB: tree 115, doubling 162, ring 166; 256 KiB: ring 324, tree 472.
   bool anyNet = false;
   for (int p = 1; p < comm.nranks(); ++p) anyNet |= comm.links().netBetween(0, p);
-  rdMaxBytes_ =
-      static_cast<size_t>(env::getInt("TUTTI_RD_MAX_BYTES", anyNet ? 256 << 10 : 2 << 10));
+  bool crowded = false;
+  for (const PeerInfo& p : comm.peers()) {
+    int local = 0;
+    for (const PeerInfo& q : comm.peers()) local += q.machineHash == p.machineHash;
+    crowded |= local > p.cpus;
+  }
+  size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
+  if (crowded) {
+    rdDefault = anyNet ? (comm.nranks() >= 8 ? 0 : 256 << 10) : 16 << 10;
+    treeDefault = anyNet ? 256 << 10 : 128 << 10;
+    flatDefault = anyNet || comm.nranks() > 8 ? 0 : 2 << 10;  // n(n-1) links: measured to 8
+  }
+  flatMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_MAX_BYTES", int64_t(flatDefault)));
+  rdMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_RD_MAX_BYTES", int64_t(rdDefault)));
+  treeMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_TREE_MAX_BYTES", int64_t(treeDefault)));
   // With a core per rank, waits busy-poll (answers come in well under a microsecond), for up
   // to 1 ms so that a short hiccup of the peer (another process, the hypervisor) does not
   // send this rank into yields and naps. With more ranks than cores on this machine (counted
@@ -66,8 +92,12 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   for (int c = 1; c < maxChannels_; ++c) {
     channelWorkers_.push_back(std::make_unique<Worker>(comm.cudaDev()));
   }
-  TUTTI_INFO(log::kInit, "rank %d: CPU engine, %d-%d channels, %zu-byte ring chunks at most",
-             comm.rank(), minChannels_, maxChannels_, comm.links().ringStepBytes());
+  TUTTI_INFO(
+      log::kInit,
+      "rank %d: CPU engine, %d-%d channels, %zu-byte ring chunks at most; all-reduce by "
+      "flat exchange up to %zu bytes, recursive doubling up to %zu, binomial tree up to %zu%s",
+      comm.rank(), minChannels_, maxChannels_, comm.links().ringStepBytes(), flatMaxBytes_,
+      rdMaxBytes_, treeMaxBytes_, crowded ? " (more ranks than CPUs on a machine)" : "");
 }
 
 Engine::~Engine() = default;
@@ -148,12 +178,16 @@ Status Engine::runCollective(const CollArgs& op) {
 
   OpState state(comm_, &op, seq, 0, timeoutS_);
   state.setSpinNs(spinNs_);
-  // More than two ranks, a small all-reduce: log2(n) exchanges instead of 2(n-1) ring steps.
-  // (Two ranks over tcp have the pair exchange below, which skips recursive doubling's local
-  // copy of the input.)
-  if (op.kind == CollKind::kAllReduce && n >= 2 && total <= rdMaxBytes_ && count > 0 &&
-      (n > 2 || total <= pairMaxBytes_) && algo != cpu::Algo::kPair && cpu::rdSymmetric(op)) {
-    return runRecursiveDoubling(op, state);
+  // More than two ranks, a small all-reduce: recursive doubling or the binomial tree (see the
+  // constructor). (Two ranks over tcp have the pair exchange below, which skips recursive
+  // doubling's local copy of the input.)
+  if (op.kind == CollKind::kAllReduce && n >= 2 && count > 0 && algo != cpu::Algo::kPair &&
+      (n > 2 || total <= pairMaxBytes_)) {
+    if (total <= flatMaxBytes_ && n > 2 && cpu::rdSymmetric(op)) return runFlat(op, state);
+    if (total <= rdMaxBytes_ && cpu::rdSymmetric(op)) {
+      return runRecursiveDoubling(op, state, false);
+    }
+    if (total <= treeMaxBytes_) return runRecursiveDoubling(op, state, true);
   }
   transport::FifoView** sendTo = ringSend_;
   transport::FifoView** recvFrom = ringRecv_;
@@ -205,7 +239,29 @@ Status Engine::runCollective(const CollArgs& op) {
   return state.status();
 }
 
-Status Engine::runRecursiveDoubling(const CollArgs& op, OpState& state) {
+Status Engine::runFlat(const CollArgs& op, OpState& state) {
+  const int n = comm_.nranks(), r = comm_.rank();
+  if (flatLinks_.send.empty()) {
+    std::vector<LinkNeed> needs;
+    for (int p = 0; p < n; ++p) {
+      if (p != r) needs.insert(needs.end(), {{p, 0, true}, {p, 0, false}});
+    }
+    Status s = comm_.links().ensure(needs);
+    if (!s.ok()) return s.withContext("rank " + std::to_string(r) + ": " + state.what());
+    flatLinks_.send.assign(size_t(n), nullptr);
+    flatLinks_.recv.assign(size_t(n), nullptr);
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      flatLinks_.send[size_t(p)] = comm_.links().send(p, 0);
+      flatLinks_.recv[size_t(p)] = comm_.links().recv(p, 0);
+    }
+  }
+  Waiter w(&state);
+  cpu::runFlatAllReduce(op, r, n, flatLinks_, &w);
+  return state.status();
+}
+
+Status Engine::runRecursiveDoubling(const CollArgs& op, OpState& state, bool tree) {
   const int n = comm_.nranks(), r = comm_.rank();
   if (!rdReady_) {
     const algo::RdPlan plan = algo::rdPlan(r, n);
@@ -228,7 +284,7 @@ Status Engine::runRecursiveDoubling(const CollArgs& op, OpState& state) {
     rdReady_ = true;
   }
   Waiter w(&state);
-  cpu::runRecursiveDoubling(op, r, n, rdLinks_, &w);
+  cpu::runRecursiveDoubling(op, r, n, rdLinks_, tree, &w);
   return state.status();
 }
 

@@ -41,7 +41,9 @@ class Engine {
 
  private:
   Status runCollective(const CollArgs& op);
-  Status runRecursiveDoubling(const CollArgs& op, OpState& state);
+  // tree: the binomial tree over recursive doubling's links (collectives/recursive_doubling.h).
+  Status runRecursiveDoubling(const CollArgs& op, OpState& state, bool tree);
+  Status runFlat(const CollArgs& op, OpState& state);
   Status runP2p(const std::vector<const CollArgs*>& ops);
 
   Comm& comm_;
@@ -49,6 +51,8 @@ class Engine {
   double timeoutS_;
   size_t pairMaxBytes_;  // two-rank all-reduces up to this size use the pair exchange (tcp)
   size_t rdMaxBytes_;    // all-reduces of 3+ ranks up to this size use recursive doubling
+  size_t flatMaxBytes_;  // and up to this one (3+ ranks) the flat exchange
+  size_t treeMaxBytes_;  // and those above it up to this size the binomial tree
   int64_t spinNs_;       // how long a wait busy-polls before yielding (0 when oversubscribed)
   std::mutex mu_;        // one group at a time per communicator
   std::vector<std::unique_ptr<Worker>> channelWorkers_;
@@ -58,6 +62,7 @@ class Engine {
   transport::FifoView* ringRecv_[kMaxChannels] = {};
   cpu::RdLinks rdLinks_;  // recursive doubling's links once made
   bool rdReady_ = false;
+  cpu::FlatLinks flatLinks_;  // the flat all-reduce's links once made
   Worker runner_;
 };
 

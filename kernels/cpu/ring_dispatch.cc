@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "collectives/recursive_doubling.h"
 #include "kernels/cpu/host_prims.h"
@@ -53,12 +54,13 @@ void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
   p.finish();
 }
 
-// Recursive doubling on the output buffer. Each rank first writes pre(input), rounded to T,
-// into its output, so that every later combination takes two values of the same precision
-// from the two partners and gives both the same bits. Sends copy through slots (never
+// Recursive doubling (or, with `tree`, the binomial tree over the same links) on the output
+// buffer. Each rank first writes pre(input), rounded to T, into its output, so that every
+// later combination takes two values of the same precision from the two partners and gives
+// both the same bits. Sends copy through slots (never
 // straight from the output, which the step's own reduction overwrites in place).
 template <typename T, RedFn F>
-void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, Waiter* w) {
+void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, bool tree, Waiter* w) {
   using E = Elem<T>;
   const algo::RdPlan plan = algo::rdPlan(rank, n);
   Reducer<T, F> first;  // pre only: the local pass
@@ -89,10 +91,71 @@ void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, Waiter* w)
     return;
   }
   if (plan.fold >= 0) stage(nullptr, links.foldRecv, mid, false, true, false);
-  for (int k = 0; k < plan.steps; ++k) {
-    stage(links.send[k], links.recv[k], k + 1 == plan.steps ? last : mid, true, true, false);
+  if (tree) {
+    const int level = algo::treeLevel(rank, plan.steps);
+    for (int k = 0; k < level; ++k) {  // gather the partial results of the ranks below
+      stage(nullptr, links.recv[k], k + 1 == plan.steps ? last : mid, false, true, false);
+    }
+    if (level < plan.steps) {  // hand the partial result up, get the whole one back
+      stage(links.send[level], nullptr, mid, true, false, false);
+      stage(nullptr, links.recv[level], mid, false, false, true);
+    }
+    for (int k = level - 1; k >= 0; --k) stage(links.send[k], nullptr, mid, true, false, false);
+  } else {
+    for (int k = 0; k < plan.steps; ++k) {
+      stage(links.send[k], links.recv[k], k + 1 == plan.steps ? last : mid, true, true, false);
+    }
   }
   if (plan.fold >= 0) stage(links.foldSend, nullptr, mid, true, false, false);
+}
+
+// The flat all-reduce: every rank sends its pre(input) to every other and combines the n
+// contributions itself, all ranks in the same order (rank 0's first), so all get the same
+// bits. One dependent step, n(n-1) messages: for tiny messages between ranks that share
+// cores over shared memory, where a message costs little and each step waits for ranks to
+// be scheduled.
+template <typename T, RedFn F>
+void runFlat(const CollArgs& op, int rank, int n, const FlatLinks& links, Waiter* w) {
+  using E = Elem<T>;
+  Reducer<T, F> first, mid, last;
+  setPre(op, &first);
+  if (op.red.post) {
+    last.hasPost = true;
+    last.postDivisor = static_cast<typename E::Acc>(n);
+  }
+  thread_local std::vector<unsigned char> scratch;
+  scratch.resize(op.count * sizeof(T));
+  T* mine = reinterpret_cast<T*>(scratch.data());
+  T* out = static_cast<T*>(op.recv);
+  first.preCopy(mine, static_cast<const T*>(op.send), op.count);
+  const size_t chunk = std::max<size_t>(1, links.send[(rank + 1) % n]->slotBytes / sizeof(T));
+  for (size_t at = 0; at < op.count && !w->failed(); at += chunk) {
+    const int len = static_cast<int>(std::min(chunk, op.count - at));
+    for (int d = 1; d < n; ++d) {
+      HostPrims<T, Reducer<T, F>> p(links.send[(rank + d) % n], nullptr, mine, nullptr, mid, w,
+                                    /*directSend=*/false);
+      p.send(at, len);
+      p.finish();
+    }
+    for (int q = 0; q < n; ++q) {
+      const Reducer<T, F>& fn = q + 1 == n ? last : mid;
+      if (q == rank) {
+        if (q == 0) {
+          memcpy(out + at, mine + at, size_t(len) * sizeof(T));
+        } else {
+          fn.reduce(out + at, mine + at, out + at, size_t(len), true);
+        }
+        continue;
+      }
+      HostPrims<T, Reducer<T, F>> p(nullptr, links.recv[q], out, out, fn, w, false);
+      if (q == 0) {
+        p.recv(at, len);
+      } else {
+        p.recvReduceCopy(at, at, len);
+      }
+      p.finish();
+    }
+  }
 }
 
 // Calls body(FnTag<F>{}) for the operation's reduction function.
@@ -163,10 +226,16 @@ bool rdSymmetric(const CollArgs& op) {
   return !(floating && (fn == RedFn::kMax || fn == RedFn::kMin));
 }
 
-void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLinks& links,
+void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLinks& links, bool tree,
                           Waiter* w) {
   byTypeAndFn(op, w, [&](auto t, auto f) {
-    runRd<decltype(t), decltype(f)::kFn>(op, rank, nranks, links, w);
+    runRd<decltype(t), decltype(f)::kFn>(op, rank, nranks, links, tree, w);
+  });
+}
+
+void runFlatAllReduce(const CollArgs& op, int rank, int nranks, const FlatLinks& links, Waiter* w) {
+  byTypeAndFn(op, w, [&](auto t, auto f) {
+    runFlat<decltype(t), decltype(f)::kFn>(op, rank, nranks, links, w);
   });
 }
 

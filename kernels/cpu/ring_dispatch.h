@@ -2,6 +2,8 @@
 // for one operation and runs one channel of its ring algorithm with host primitives.
 #pragma once
 
+#include <vector>
+
 #include "collectives/ring.h"
 #include "runtime/coll_args.h"
 #include "runtime/waiter.h"
@@ -25,8 +27,14 @@ struct RdLinks {
   transport::FifoView* send[32] = {};
   transport::FifoView* recv[32] = {};
 };
-void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLinks& links,
+// tree: the binomial tree's reduce and broadcast over the same links instead.
+void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLinks& links, bool tree,
                           Waiter* w);
+// The flat all-reduce's links: to and from every other rank (null for this one).
+struct FlatLinks {
+  std::vector<transport::FifoView*> send, recv;
+};
+void runFlatAllReduce(const CollArgs& op, int rank, int nranks, const FlatLinks& links, Waiter* w);
 // Whether recursive doubling gives every rank the same bits for this operation: the op must
 // be commutative bit for bit (floating max/min are not, with NaNs).
 bool rdSymmetric(const CollArgs& op);

@@ -2,7 +2,10 @@
 // (NCCL_SHM_DISABLE=1), on every communicator size of DESIGN.md.
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -19,19 +22,54 @@ namespace {
 
 constexpr size_t kFifoBytes = 8192;  // NCCL_BUFFSIZE in these tests: 1 KiB slots
 
+// How small all-reduces of 3+ ranks run: as the machine decides (ranks sharing cores or
+// not), or pinned to one algorithm for every size, so that each runs on both transports
+// whatever the machine's core count.
+enum class Small { kDefault, kRing, kFlat, kDoubling, kTree };
+
 struct MatrixSetup {
   int nranks;
   const char* transport;  // "shm" or "tcp"
   int minChannels;
+  Small small = Small::kDefault;
 };
 
+const char* smallName(Small a) {
+  switch (a) {
+    case Small::kRing:
+      return "ring";
+    case Small::kFlat:
+      return "flat";
+    case Small::kDoubling:
+      return "doubling";
+    case Small::kTree:
+      return "tree";
+    default:
+      return "default";
+  }
+}
+
 void PrintTo(const MatrixSetup& s, std::ostream* os) {
-  *os << s.nranks << " ranks over " << s.transport << ", " << s.minChannels << "+ channels";
+  *os << s.nranks << " ranks over " << s.transport << ", " << s.minChannels
+      << "+ channels, small all-reduces: " << smallName(s.small);
 }
 
 std::string setupName(const ::testing::TestParamInfo<MatrixSetup>& info) {
-  return std::string(info.param.transport) + "_" + std::to_string(info.param.nranks) + "ranks_" +
-         std::to_string(info.param.minChannels) + "ch";
+  std::string name = std::string(info.param.transport) + "_" + std::to_string(info.param.nranks) +
+                     "ranks_" + std::to_string(info.param.minChannels) + "ch";
+  if (info.param.small != Small::kDefault) name += std::string("_") + smallName(info.param.small);
+  return name;
+}
+
+// The environment that pins small all-reduces to `a` (nothing for kDefault).
+const char* rdMaxFor(Small a) {
+  return a == Small::kDoubling ? "1073741824" : a == Small::kDefault ? nullptr : "0";
+}
+const char* treeMaxFor(Small a) {
+  return a == Small::kTree ? "1073741824" : a == Small::kDefault ? nullptr : "0";
+}
+const char* flatMaxFor(Small a) {
+  return a == Small::kFlat ? "1073741824" : a == Small::kDefault ? nullptr : "0";
 }
 
 class Matrix : public ::testing::TestWithParam<MatrixSetup> {};
@@ -42,6 +80,9 @@ TEST_P(Matrix, EveryCollectiveMatchesTheOracle) {
   ScopedEnv shm("NCCL_SHM_DISABLE", std::string(s.transport) == "tcp" ? "1" : nullptr);
   ScopedEnv ch("NCCL_MIN_NCHANNELS", std::to_string(s.minChannels).c_str());
   ScopedEnv timeout("TUTTI_TIMEOUT", "60");
+  ScopedEnv rdMax("TUTTI_RD_MAX_BYTES", rdMaxFor(s.small));
+  ScopedEnv treeMax("TUTTI_TREE_MAX_BYTES", treeMaxFor(s.small));
+  ScopedEnv flatMax("TUTTI_FLAT_MAX_BYTES", flatMaxFor(s.small));
   // 3, 4 and 8 ranks over shm: single copy (a receiver copying straight from the sender's
   // buffer) for slots of 256 bytes or more, not only for big ones.
   const bool single =
@@ -65,33 +106,49 @@ TEST_P(Matrix, EveryCollectiveMatchesTheOracle) {
 }
 
 // Every nranks value on both transports; the two-channel runs split each operation across
-// channels (and their workers) even at small sizes.
+// channels (and their workers) even at small sizes; every small all-reduce algorithm on both
+// transports (8 ranks over shm as the machine decides: with fewer than 8 cores that is flat,
+// doubling and tree by size).
 INSTANTIATE_TEST_SUITE_P(Threads, Matrix,
                          ::testing::Values(MatrixSetup{1, "shm", 1}, MatrixSetup{2, "shm", 1},
-                                           MatrixSetup{3, "shm", 2}, MatrixSetup{4, "shm", 1},
-                                           MatrixSetup{5, "shm", 1}, MatrixSetup{8, "shm", 2},
-                                           MatrixSetup{1, "tcp", 1}, MatrixSetup{2, "tcp", 2},
-                                           MatrixSetup{3, "tcp", 1}, MatrixSetup{4, "tcp", 2},
-                                           MatrixSetup{5, "tcp", 1}, MatrixSetup{8, "tcp", 1}),
+                                           MatrixSetup{3, "shm", 2, Small::kTree},
+                                           MatrixSetup{4, "shm", 1, Small::kRing},
+                                           MatrixSetup{5, "shm", 1, Small::kDoubling},
+                                           MatrixSetup{8, "shm", 2}, MatrixSetup{1, "tcp", 1},
+                                           MatrixSetup{2, "tcp", 2},
+                                           MatrixSetup{3, "tcp", 1, Small::kRing},
+                                           MatrixSetup{4, "tcp", 2, Small::kDoubling},
+                                           MatrixSetup{5, "tcp", 1, Small::kTree},
+                                           MatrixSetup{8, "tcp", 1, Small::kFlat}),
                          setupName);
 
 }  // namespace
 
 namespace {
 
-// Small all-reduces of 3+ ranks run recursive doubling, where each rank combines partial
-// results in its own order; with inputs whose sums round (unlike the matrix's exact ones)
-// every rank must still end with the same bits, as a ring gives. Also checks the size limit
-// between the two algorithms and that both agree with a double-precision sum.
+// Small all-reduces of 3+ ranks run recursive doubling or the flat exchange, where each rank
+// combines partial results itself, or the binomial tree; with inputs whose sums round (unlike the
+// matrix's exact ones) every rank must still end with the same bits, as a ring gives. Also
+// checks the size limit between the algorithms and that they agree with a double-precision
+// sum, and (the tree) that float max with NaNs and signed zeros gives every rank one answer.
 TEST(RecursiveDoubling, EveryRankGetsTheSameBitsAndAlgorithmsAgree) {
-  for (int nranks : {3, 5, 6, 8}) {
-    SCOPED_TRACE("nranks " + std::to_string(nranks));
+  const std::pair<int, Small> runs[] = {
+      {3, Small::kDoubling}, {5, Small::kDoubling}, {6, Small::kDoubling}, {8, Small::kDoubling},
+      {3, Small::kTree},     {5, Small::kTree},     {6, Small::kTree},     {8, Small::kTree},
+      {3, Small::kFlat},     {5, Small::kFlat},     {8, Small::kFlat}};
+  for (auto [nranks, algo] : runs) {
+    SCOPED_TRACE("nranks " + std::to_string(nranks) + ", " + smallName(algo));
+    // 4 KB of float: the small algorithm; 64 KB: the ring.
+    ScopedEnv rdMax("TUTTI_RD_MAX_BYTES", algo == Small::kDoubling ? "16384" : "0");
+    ScopedEnv treeMax("TUTTI_TREE_MAX_BYTES", algo == Small::kTree ? "16384" : "0");
+    ScopedEnv flatMax("TUTTI_FLAT_MAX_BYTES", algo == Small::kFlat ? "16384" : "0");
     std::vector<ncclComm_t> comms = initThreads(nranks);
-    const size_t count = 1000;  // 4 KB of float: recursive doubling; 64 KB: the ring
+    const size_t count = 1000;
     std::vector<std::vector<float>> small(static_cast<size_t>(nranks)),
         big(static_cast<size_t>(nranks));
     std::vector<std::vector<uint16_t>> half(static_cast<size_t>(nranks));
     std::vector<ncclRedOp_t> premul(static_cast<size_t>(nranks));
+    std::vector<std::vector<float>> maxed(static_cast<size_t>(nranks));
     onThreads(nranks, [&](int r) {
       auto& s = small[size_t(r)];
       s.resize(count);
@@ -118,11 +175,26 @@ TEST(RecursiveDoubling, EveryRankGetsTheSameBitsAndAlgorithmsAgree) {
       EXPECT_EQ(
           ncclAllReduce(h.data(), h.data(), count, ncclFloat16, ncclAvg, comms[size_t(r)], nullptr),
           ncclSuccess);
+      // Float max over NaNs of different payloads and zeros of both signs: which one wins
+      // depends on the order of the combinations, so only an algorithm that gives every rank
+      // one rank's result (the ring, the tree) agrees bit for bit.
+      auto& m = maxed[size_t(r)];
+      m.resize(64);
+      for (size_t i = 0; i < m.size(); ++i) {
+        uint32_t bits = (i + size_t(r)) % 3 == 0   ? 0x7fc00001u + uint32_t(r)  // NaN, payload r
+                        : (i + size_t(r)) % 3 == 1 ? 0x80000000u                // -0
+                                                   : 0u;                        // +0
+        memcpy(&m[i], &bits, 4);
+      }
+      EXPECT_EQ(ncclAllReduce(m.data(), m.data(), m.size(), ncclFloat32, ncclMax, comms[size_t(r)],
+                              nullptr),
+                ncclSuccess);
     });
     for (int r = 1; r < nranks; ++r) {
       EXPECT_EQ(small[size_t(r)], small[0]) << "rank " << r;
       EXPECT_EQ(big[size_t(r)], big[0]) << "rank " << r;
       EXPECT_EQ(half[size_t(r)], half[0]) << "rank " << r;
+      EXPECT_EQ(memcmp(maxed[size_t(r)].data(), maxed[0].data(), 64 * 4), 0) << "rank " << r;
     }
     for (size_t i = 0; i < count; ++i) {
       double exact = 0;
@@ -195,6 +267,47 @@ TEST(Waits, AShmWaitSeesWhetherThePeerSharesItsCpu) {
     EXPECT_EQ(sameCpu[1], int(oneCpu));
   }
   for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
+// Whether the page holding addr is mapped in this process (/proc/self/pagemap, bit 63).
+bool pageMapped(const void* addr) {
+  FILE* f = fopen("/proc/self/pagemap", "rb");
+  if (!f) return false;
+  uint64_t entry = 0;
+  const long page = sysconf(_SC_PAGESIZE);
+  const bool ok =
+      fseek(f, long(reinterpret_cast<uintptr_t>(addr) / uintptr_t(page) * 8), SEEK_SET) == 0 &&
+      fread(&entry, sizeof(entry), 1, f) == 1;
+  fclose(f);
+  return ok && (entry >> 63) != 0;
+}
+
+// Every slot's first page is mapped on both ends when a connection is made, before any
+// operation touches it: a first touch in the middle of an operation costs a page fault (8
+// ranks on 2 cores over shm: the first 8 small all-reduces took 100-450 us, later ones 20).
+// One 8-byte all-reduce uses one slot per FIFO; all 8 must be mapped.
+TEST(Fifos, EverySlotsFirstPageIsMappedWhenTheConnectionIsMade) {
+  for (const char* disable : {"0", "1"}) {
+    SCOPED_TRACE(std::string("NCCL_SHM_DISABLE=") + disable);
+    ScopedEnv shm("NCCL_SHM_DISABLE", disable);
+    std::vector<ncclComm_t> comms = initThreads(2);
+    onThreads(2, [&](int r) {
+      float v[2] = {1, 2};
+      ASSERT_EQ(ncclAllReduce(v, v, 2, ncclFloat, ncclSum, comms[size_t(r)], nullptr), ncclSuccess);
+    });
+    for (int r = 0; r < 2; ++r) {
+      auto* c = reinterpret_cast<tutti::Comm*>(comms[size_t(r)]);
+      for (const tutti::transport::FifoView* f :
+           {c->links().send(1 - r, 0), c->links().recv(1 - r, 0)}) {
+        ASSERT_NE(f, nullptr);
+        for (uint64_t k = 0; k < tutti::transport::kSteps; ++k) {
+          EXPECT_TRUE(pageMapped(f->slot(k)))
+              << "rank " << r << ", peer " << f->peer << ", slot " << k;
+        }
+      }
+    }
+    destroyAll(comms);
+  }
 }
 
 // Over tcp the FIFO cannot show the peer's CPU. For a peer on this machine (loopback here),

@@ -210,6 +210,7 @@ class ShmTransport : public Transport {
       shm_unlink(d.name);
       return base.status();
     }
+    prefaultSlots(static_cast<char*>(base.value()) + sizeof(FifoCtrl), d.slotBytes);
     auto* ctrl = new (base.value()) FifoCtrl();
     ctrl->tail.store(0);
     ctrl->head.store(0);
@@ -250,6 +251,7 @@ class ShmTransport : public Transport {
       munmap(base.value(), d.bytes);
       return internalError(std::string("shm: segment ") + d.name + " is not a tutti FIFO");
     }
+    prefaultSlots(static_cast<char*>(base.value()) + sizeof(FifoCtrl), d.slotBytes);
     const PeerInfo& p = comm_.peers()[static_cast<size_t>(spec.peer)];
     auto conn = std::make_unique<ShmConnection>(spec, base.value(), d.bytes, d.name, false, p.pid,
                                                 checkPid(p));
