@@ -149,6 +149,11 @@ class Connection {
     memcpy(fifo_.slot(step), src, bytes);
     return false;
   }
+  // The smallest payload a direct transfer may carry; smaller ones go through the slots the
+  // plain way (so engines need not take the direct paths for them).
+  virtual size_t directMinBytes() const { return 0; }
+  // Sender: whether big payloads go by address (single copy) at the moment.
+  virtual bool bigByAddress() const { return false; }
   // Receiver: the engine is about to wait for `step`, whose payload should be `bytes` long; it
   // wants it in dst (nullptr: in the slot). step UINT64_MAX: no wait pending.
   virtual void recvInto(uint64_t step, void* dst, size_t bytes) {

@@ -26,10 +26,12 @@ class HostPrims {
     sendDirect_ = sendTo && sendTo->conn && sendTo->conn->direct();
     sendInputDirect_ = sendDirect_ && directSend && fn_.preIsIdentity();
     recvDirect_ = recvFrom && recvFrom->conn && recvFrom->conn->direct();
+    if (sendDirect_) sendMin_ = sendTo->conn->directMinBytes();
+    if (recvDirect_) recvMin_ = recvFrom->conn->directMinBytes();
   }
 
   void send(size_t inOff, int n) {
-    if (sendInputDirect_) return postDirect(in_ + inOff, n);
+    if (sendInputDirect_ && big(n, sendMin_)) return postDirect(in_ + inOff, n);
     T* s = acquireSend();
     if (!s) return;
     fn_.preCopy(s, in_ + inOff, size_t(n));
@@ -50,10 +52,11 @@ class HostPrims {
     releaseRecv();
   }
   void recvCopySend(size_t outOff, int n) {
-    if (recvDirect_ || sendDirect_) {
+    const bool sendDirect = sendDirect_ && big(n, sendMin_);
+    if ((recvDirect_ && big(n, recvMin_)) || sendDirect) {
       // Into the output (straight from the socket where possible), then on from there.
       recv(outOff, n);
-      if (sendDirect_) return postDirect(out_ + outOff, n);
+      if (sendDirect) return postDirect(out_ + outOff, n);
       T* s = acquireSend();
       if (!s) return;
       memcpy(s, out_ + outOff, size_t(n) * sizeof(T));
@@ -69,7 +72,7 @@ class HostPrims {
     releaseRecv();
   }
   void recvReduceCopySend(size_t inOff, size_t outOff, int n) {
-    if (sendDirect_) {
+    if (sendDirect_ && big(n, sendMin_)) {
       recvReduceCopy(inOff, outOff, n);
       return postDirect(out_ + outOff, n);
     }
@@ -82,7 +85,7 @@ class HostPrims {
     releaseRecv();
   }
   void copySend(size_t inOff, size_t outOff, int n) {
-    if (sendDirect_) {
+    if (sendDirect_ && big(n, sendMin_)) {
       // Send first: the local copy then overlaps the peer reading the socket.
       postDirect(in_ + inOff, n);
       if (!w_->failed() && out_ + outOff != in_ + inOff) {
@@ -118,6 +121,11 @@ class HostPrims {
   }
 
  private:
+  // Whether n elements reach a connection's direct-transfer minimum (0 for tcp, which sends
+  // every size from and into the caller's buffers; shm's single copy only from
+  // TUTTI_SHM_SINGLE_COPY_MIN): smaller ones take the plain slot paths.
+  static bool big(int n, size_t minBytes) { return size_t(n) * sizeof(T) >= minBytes; }
+
   void postDirect(const T* src, int n) {
     if (!acquireSend()) return;
     sentDirect_ |= sendTo_->conn->sendFrom(sendTo_->step, src, size_t(n) * sizeof(T));
@@ -176,6 +184,7 @@ class HostPrims {
   Fn fn_;
   Waiter* w_;
   bool sendDirect_ = false, sendInputDirect_ = false, recvDirect_ = false;
+  size_t sendMin_ = 0, recvMin_ = 0;
   bool sentDirect_ = false;
   bool landed_ = false;  // the last acquireRecv's payload is already in its dst
 };

@@ -310,6 +310,57 @@ TEST(Fifos, EverySlotsFirstPageIsMappedWhenTheConnectionIsMade) {
   }
 }
 
+// shm single copy by default is adaptive: big payloads go through slots while copying into a
+// slot runs fast, by address for a while once two copies in a row ran slow. With the
+// threshold at 10^6 GB/s every copy is slow: after the first operation (whose copies touch
+// fresh pages and do not count) the sends switch to addresses; at 0 they never do; with
+// TUTTI_SHM_SINGLE_COPY=0 there is no single copy at all. Every result must be exact across
+// the switch.
+TEST(SingleCopy, AdaptiveSendsByAddressOnceSlotCopiesRunSlow) {
+  struct Case {
+    const char* slowGBps;
+    const char* mode;
+    bool byAddress;
+  };
+  for (const Case& c :
+       {Case{"1000000", nullptr, true}, Case{"0", nullptr, false}, Case{"1000000", "0", false}}) {
+    SCOPED_TRACE(std::string("TUTTI_SHM_SLOW_GBPS=") + c.slowGBps +
+                 " TUTTI_SHM_SINGLE_COPY=" + (c.mode ? c.mode : "(unset)"));
+    ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+    ScopedEnv slow("TUTTI_SHM_SLOW_GBPS", c.slowGBps);
+    ScopedEnv mode("TUTTI_SHM_SINGLE_COPY", c.mode);
+    std::vector<ncclComm_t> comms = initThreads(2);
+    std::vector<int> byAddress(2);
+    onThreads(2, [&](int r) {
+      const size_t count = 1 << 18;  // 1 MiB of float per rank: many 4 KiB+ steps
+      for (int round = 0; round < 3; ++round) {
+        std::vector<float> in(count), gathered(2 * count), bcast(count), sum(count);
+        for (size_t i = 0; i < count; ++i) in[i] = float(r * 1000 + round * 7 + int(i % 97));
+        ncclComm_t comm = comms[size_t(r)];
+        ASSERT_EQ(ncclAllGather(in.data(), gathered.data(), count, ncclFloat, comm, nullptr),
+                  ncclSuccess);
+        ASSERT_EQ(ncclBroadcast(in.data(), bcast.data(), count, ncclFloat, 1, comm, nullptr),
+                  ncclSuccess);
+        ASSERT_EQ(ncclAllReduce(in.data(), sum.data(), count, ncclFloat, ncclSum, comm, nullptr),
+                  ncclSuccess);
+        for (size_t i = 0; i < count; ++i) {
+          const float v0 = float(round * 7 + int(i % 97)),
+                      v1 = float(1000 + round * 7 + int(i % 97));
+          ASSERT_EQ(gathered[i], v0) << "round " << round << " i " << i;
+          ASSERT_EQ(gathered[count + i], v1) << "round " << round << " i " << i;
+          ASSERT_EQ(bcast[i], v1) << "round " << round << " i " << i;
+          ASSERT_EQ(sum[i], v0 + v1) << "round " << round << " i " << i;
+        }
+      }
+      auto* comm = reinterpret_cast<tutti::Comm*>(comms[size_t(r)]);
+      byAddress[size_t(r)] = comm->links().send(1 - r, 0)->conn->bigByAddress();
+    });
+    EXPECT_EQ(byAddress[0], int(c.byAddress));
+    EXPECT_EQ(byAddress[1], int(c.byAddress));
+    destroyAll(comms);
+  }
+}
+
 // Over tcp the FIFO cannot show the peer's CPU. For a peer on this machine (loopback here),
 // which may share this rank's core, waits spin until kUnseenMisses spins in a row run out;
 // then kUnseenRest waits do not spin, and spinning resumes after them.

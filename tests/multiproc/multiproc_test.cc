@@ -96,7 +96,12 @@ TEST_P(ProcessMatrix, EveryCollectiveMatchesTheOracle) {
       // 3 processes: two channels, and shm single copy (process_vm_readv) for
       // every slot of 256 bytes or more instead of only for big ones.
       (s.nranks == 3 ? " NCCL_MIN_NCHANNELS=2 TUTTI_SHM_SINGLE_COPY=1 TUTTI_SHM_SINGLE_COPY_MIN=256"
-                     : "");
+                     : "") +
+      // 8 processes: adaptive single copy told that every slot copy is slow, so that each
+      // connection moves from slots to addresses mid-run (from 256 bytes up).
+      (s.nranks == 8 && std::string(s.transport) == "shm"
+           ? " TUTTI_SHM_SLOW_GBPS=1000000 TUTTI_SHM_SINGLE_COPY_MIN=256"
+           : "");
   RunResult r = runShell(env + " " + runBin() + " -n " + std::to_string(s.nranks) + " " +
                          rankBin() + " coll");
   EXPECT_EQ(r.exitCode, 0) << r.output;

@@ -7,9 +7,11 @@
 // src); the receiver then copies it straight to where it is needed -- with memcpy between
 // threads of one process, with process_vm_readv (cross-memory attach, as Open MPI's vader
 // uses) between processes -- instead of the sender copying in and the receiver copying out.
-// Opt-in (TUTTI_SHM_SINGLE_COPY=1); only for payloads of at least TUTTI_SHM_SINGLE_COPY_MIN
-// bytes (a system call costs about what a few KiB of copying do), and only where the sender
-// could read the receiver's memory when the link was made.
+// By default adaptive: a big payload goes through the slots while copying into them runs
+// fast, and by single copy for a while after one such copy ran slow (ShmConnection::sendFrom);
+// TUTTI_SHM_SINGLE_COPY=1 always, =0 never. Only for payloads of at least
+// TUTTI_SHM_SINGLE_COPY_MIN bytes (a system call costs about what a few KiB of copying do), and
+// only where the sender could read the receiver's memory when the link was made.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -21,7 +23,10 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <new>
+#include <optional>
+#include <string>
 
 #include "runtime/comm.h"
 #include "runtime/env.h"
@@ -112,21 +117,66 @@ class ShmConnection : public Connection {
   const char* transportName() const override { return "shm"; }
 
   // minBytes: the smallest payload sent by single copy; 0 disables it (sender side).
-  void enableSingleCopy(bool sameProcess, size_t minBytes) {
+  // adaptive: payloads of minBytes or more still go through the slots while copying into a
+  // slot runs fast, and by single copy for the next kDirectSteps steps after kSlowRun copies
+  // in a row ran slower than slowGBps.
+  // directMin: the sender's minBytes, on both sides (the receiver's paths for smaller payloads
+  // stay the plain ones).
+  void enableSingleCopy(bool sameProcess, size_t minBytes, size_t directMin, bool adaptive,
+                        double slowGBps) {
     sameProcess_ = sameProcess;
     minBytes_ = minBytes;
+    directMin_ = directMin;
+    adaptive_ = adaptive;
+    slowBytesPerNs_ = slowGBps;
     direct_ = true;
   }
+  size_t directMinBytes() const override { return directMin_; }
+  // Whether payloads of minBytes or more go by single copy now (sender side).
+  bool bigByAddress() const override { return minBytes_ != 0 && (!adaptive_ || directLeft_ > 0); }
+  // TUTTI_SHM_SLOW_GBPS, 8 by default: below it a copy into a slot counts as slow. On this
+  // project's 2-vCPU VM, copying 64 KiB+ steps into slots ran at 20-35 GB/s while the two
+  // vCPUs shared a die (a cache line's round trip 54-88 ns) and at 2.1-3.5 GB/s while they
+  // did not (330-360 ns): the slot's lines, last read on the other die, must be taken back
+  // line by line, and the receiver fetches them again. Single copy reads the sender's buffer,
+  // which is not freshly written: in that state 1 MiB broadcast 58-107 us adaptive against
+  // 182-615 us through slots (Open MPI 83-105), while in the good one single copy alone was
+  // slower (94-119 against 59-109). Two slow copies in a row, so that one interrupted copy
+  // does not switch; 512 steps by address before trying the slots again, because the first
+  // copies back into slots run fast (their lines have left the other cache) and a verdict
+  // takes about kSteps of them.
+  static constexpr uint32_t kDirectSteps = 512;
+  static constexpr uint32_t kSlowRun = 2;
   bool sendFrom(uint64_t step, const void* src, size_t bytes) override {
     const size_t k = step % kSteps;
-    if (minBytes_ == 0 || bytes < minBytes_) {
-      memcpy(fifo_.slot(step), src, bytes);
+    const bool big = minBytes_ != 0 && bytes >= minBytes_;
+    if (!big || (adaptive_ && directLeft_ == 0)) {
+      if (big) {  // adaptive: time the copy, it says which state the machine is in
+        timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        memcpy(fifo_.slot(step), src, bytes);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        const double ns = double(b.tv_sec - a.tv_sec) * 1e9 + double(b.tv_nsec - a.tv_nsec);
+        // A slot's pages fault on their first touch: only a copy over pages this slot has
+        // held before says anything about the machine.
+        const bool seen = bytes <= touched_[k];
+        touched_[k] = std::max(touched_[k], bytes);
+        if (seen && double(bytes) < slowBytesPerNs_ * ns) {
+          if (++slowRun_ >= kSlowRun) directLeft_ = kDirectSteps, slowRun_ = 0;
+        } else if (seen) {
+          slowRun_ = 0;
+        }
+      } else {
+        memcpy(fifo_.slot(step), src, bytes);
+      }
       fifo_.ctrl->src[k].store(0, std::memory_order_relaxed);
       return false;
     }
+    if (adaptive_) --directLeft_;
     fifo_.ctrl->src[k].store(reinterpret_cast<uint64_t>(src), std::memory_order_relaxed);
     return true;
   }
+
   void recvInto(uint64_t, void* dst, size_t) override { dst_ = static_cast<char*>(dst); }
   Status land(uint64_t step, bool* inDst) override {
     *inDst = false;
@@ -162,6 +212,12 @@ class ShmConnection : public Connection {
 
  private:
   bool sameProcess_ = false;
+  bool adaptive_ = false;
+  uint32_t directLeft_ = 0;
+  size_t directMin_ = 0;
+  double slowBytesPerNs_ = 8.0;
+  uint32_t slowRun_ = 0;         // slow slot copies in a row
+  size_t touched_[kSteps] = {};  // the most bytes each slot has held (adaptive)
   size_t minBytes_ = 0;
   char* dst_ = nullptr;
   void* base_;
@@ -176,11 +232,15 @@ class ShmConnection : public Connection {
 class ShmTransport : public Transport {
  public:
   explicit ShmTransport(Comm& comm) : comm_(comm) {
-    // Off by default: with 2 ranks on this 2-core VM it was slower (2 MiB broadcast 190-280
-    // us against 146-182 us with slots; 32 MiB 6.3-6.8 ms against 5.3-5.4 ms): the two-copy
-    // pipeline keeps both cores copying, single copy leaves the sender idle. 4 ranks showed
-    // no clear difference. It saves memory traffic, which may pay where cores are plenty.
-    singleCopy_ = env::getBool("TUTTI_SHM_SINGLE_COPY", false);
+    // Unset: adaptive (ShmConnection::sendFrom). Always on was slower with 2 ranks on this
+    // 2-core VM while its vCPUs shared a die (2 MiB broadcast 190-280 us against 146-182 us
+    // with slots; 32 MiB 6.3-6.8 ms against 5.3-5.4 ms): the two-copy pipeline keeps both
+    // cores copying, single copy leaves the sender idle. When they did not share one, slots
+    // were 2-5x slower.
+    const std::optional<std::string> mode = env::getString("TUTTI_SHM_SINGLE_COPY");
+    adaptive_ = !mode || mode->empty();
+    singleCopy_ = adaptive_ || env::getBool("TUTTI_SHM_SINGLE_COPY", false);
+    slowGBps_ = env::getDouble("TUTTI_SHM_SLOW_GBPS", 8.0);
     minBytes_ = size_t(std::max<int64_t>(1, env::getInt("TUTTI_SHM_SINGLE_COPY_MIN", 64 << 10)));
   }
   const char* name() const override { return "shm"; }
@@ -225,7 +285,9 @@ class ShmTransport : public Transport {
     auto conn = std::make_unique<ShmConnection>(spec, base.value(), d.bytes, d.name, true, p.pid,
                                                 checkPid(p));
     // The receiving side copies whatever slots the sender publishes by address.
-    if (singleCopy_) conn->enableSingleCopy(sameProcess(p), 0);
+    if (singleCopy_) {
+      conn->enableSingleCopy(sameProcess(p), 0, senderMinBytes(sameProcess(p)), false, slowGBps_);
+    }
     return std::unique_ptr<Connection>(std::move(conn));
   }
 
@@ -258,7 +320,8 @@ class ShmTransport : public Transport {
     if (singleCopy_) {
       const bool same = sameProcess(p);
       if (same || (checkPid(p) && canReach(p, d))) {
-        conn->enableSingleCopy(same, same ? std::min<size_t>(minBytes_, 4096) : minBytes_);
+        conn->enableSingleCopy(same, senderMinBytes(same), senderMinBytes(same), adaptive_,
+                               slowGBps_);
       } else {
         TUTTI_INFO(log::kInit, "rank %d -> rank %d: shm without single copy (cannot read pid %lld)",
                    comm_.rank(), spec.peer, static_cast<long long>(p.pid));
@@ -272,6 +335,10 @@ class ShmTransport : public Transport {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return errnoStatus(std::string("shm: mmap ") + name, errno);
     return p;
+  }
+  // Between threads a memcpy costs no system call: single copy from 4 KiB.
+  size_t senderMinBytes(bool sameProcess) const {
+    return sameProcess ? std::min<size_t>(minBytes_, 4096) : minBytes_;
   }
   const PeerInfo& me() const { return comm_.peers()[static_cast<size_t>(comm_.rank())]; }
   bool sameProcess(const PeerInfo& p) const { return p.pid == me().pid && p.pidNs == me().pidNs; }
@@ -289,7 +356,8 @@ class ShmTransport : public Transport {
     return p.pid != me.pid && p.pidNs == me.pidNs && me.pidNs != 0;
   }
   Comm& comm_;
-  bool singleCopy_;
+  bool singleCopy_, adaptive_;
+  double slowGBps_;
   size_t minBytes_;
 };
 
