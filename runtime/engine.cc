@@ -64,10 +64,11 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   bool anyNet = false;
   for (int p = 1; p < comm.nranks(); ++p) anyNet |= comm.links().netBetween(0, p);
   bool crowded = false;
-  for (const PeerInfo& p : comm.peers()) {
+  const std::vector<PeerInfo>& peers = comm.peers();
+  for (const PeerInfo& p : peers) {
     int local = 0;
-    for (const PeerInfo& q : comm.peers()) local += q.machineHash == p.machineHash;
-    crowded |= local > p.cpus;
+    for (const PeerInfo& q : peers) local += q.machineHash == p.machineHash;
+    crowded |= local > machineCpus(peers.data(), peers.size(), p.machineHash);
   }
   size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
   if (crowded) {
@@ -81,12 +82,14 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   // With a core per rank, waits busy-poll (answers come in well under a microsecond), for up
   // to 1 ms so that a short hiccup of the peer (another process, the hypervisor) does not
   // send this rank into yields and naps. With more ranks than cores on this machine (counted
-  // across network namespaces: they share the CPUs) waits yield at once, or the rank being
-  // waited for never gets to run.
+  // across network namespaces: they share the CPUs; cores: the union of the ranks' affinity
+  // masks, so ranks bound to a core each are not oversubscribed) waits yield at once, or the
+  // rank being waited for never gets to run.
   const PeerInfo& me = comm.peers()[size_t(comm.rank())];
   int local = 0;
   for (const PeerInfo& q : comm.peers()) local += q.machineHash == me.machineHash;
-  const bool oversubscribed = local > me.cpus;
+  const bool oversubscribed =
+      local > machineCpus(comm.peers().data(), comm.peers().size(), me.machineHash);
   spinNs_ = env::getInt("TUTTI_SPIN_NS", oversubscribed ? 0 : 1000000);
   if (timeoutS_ <= 0) timeoutS_ = 1e9;
   for (int c = 1; c < maxChannels_; ++c) {
@@ -95,9 +98,11 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   TUTTI_INFO(
       log::kInit,
       "rank %d: CPU engine, %d-%d channels, %zu-byte ring chunks at most; all-reduce by "
-      "flat exchange up to %zu bytes, recursive doubling up to %zu, binomial tree up to %zu%s",
+      "flat exchange up to %zu bytes, recursive doubling up to %zu, binomial tree up to %zu%s; "
+      "waits spin up to %lld ns",
       comm.rank(), minChannels_, maxChannels_, comm.links().ringStepBytes(), flatMaxBytes_,
-      rdMaxBytes_, treeMaxBytes_, crowded ? " (more ranks than CPUs on a machine)" : "");
+      rdMaxBytes_, treeMaxBytes_, crowded ? " (more ranks than CPUs on a machine)" : "",
+      static_cast<long long>(spinNs_));
 }
 
 Engine::~Engine() = default;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -50,6 +51,24 @@ uint64_t localHostHash() {
   return fnv1a(key.data(), key.size());
 }
 
+int machineCpus(const PeerInfo* peers, size_t n, uint64_t machineHash) {
+  uint64_t all[16] = {};
+  int beyond = 0;  // CPUs from 1024 up that some rank may use, which the masks do not hold
+  for (size_t i = 0; i < n; ++i) {
+    const PeerInfo& p = peers[i];
+    if (p.machineHash != machineHash) continue;
+    int inMask = 0;
+    for (int w = 0; w < 16; ++w) {
+      all[w] |= p.cpuMask[w];
+      inMask += __builtin_popcountll(p.cpuMask[w]);
+    }
+    beyond = std::max(beyond, p.cpus - inMask);
+  }
+  int count = beyond;
+  for (uint64_t w : all) count += __builtin_popcountll(w);
+  return std::max(count, 1);
+}
+
 PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr) {
   PeerInfo p{};
   p.rank = rank;
@@ -58,7 +77,15 @@ PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr
   cpu_set_t set;
   struct stat ns {};
   p.pidNs = stat("/proc/self/ns/pid", &ns) == 0 ? ns.st_ino : 0;
-  p.cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    p.cpus = CPU_COUNT(&set);
+    for (int c = 0; c < 1024 && c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) p.cpuMask[c / 64] |= uint64_t(1) << (c % 64);
+    }
+  } else {
+    p.cpus = 1;
+    p.cpuMask[0] = 1;
+  }
   p.hostHash = localHostHash();
   p.machineHash = localMachineHash();
   snprintf(p.busId, sizeof(p.busId), "%s", cuda::busId(cudaDev).c_str());

@@ -22,6 +22,9 @@ struct PeerInfo {
   char busId[24];        // PCI bus id of cudaDev, "" for CPU ranks
   char hostname[64];
   wire::Addr bootstrapAddr;
+  // The CPUs this process may run on (affinity), CPU c at bit c % 64 of word c / 64; CPUs from
+  // 1024 up are only counted in `cpus`.
+  uint64_t cpuMask[16];
 };
 static_assert(std::is_trivially_copyable_v<PeerInfo>);
 
@@ -32,6 +35,10 @@ uint64_t localHostHash();
 uint64_t localMachineHash();
 std::string localHostname();
 PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr);
+
+// How many CPUs the ranks on one machine (machineHash) may run on together: the union of their
+// affinity masks. Ranks bound to separate cores do not share them, however few each has.
+int machineCpus(const PeerInfo* peers, size_t n, uint64_t machineHash);
 
 uint64_t fnv1a(const void* data, size_t size, uint64_t seed = 0xcbf29ce484222325ull);
 

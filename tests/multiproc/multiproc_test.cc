@@ -1,7 +1,9 @@
 // Ranks as separate processes, started by tutti-run or by hand.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <string>
+#include <vector>
 
 #include "harness/harness.h"
 
@@ -59,6 +61,40 @@ TEST(Processes, MissingProcessIsNamed) {
   EXPECT_NE(r.output.find("codes 1 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rank(s) 2 of 3 did not check in"), std::string::npos) << r.output;
   EXPECT_LT(r.seconds, 20);
+}
+
+// Whether ranks share cores counts the CPUs that the ranks on a machine may use together (the
+// union of their affinity masks), not each rank's own: two ranks bound to a core each (as
+// mpirun or srun bind them) are not oversubscribed, so their waits spin and small all-reduces
+// keep the defaults for ranks with a core each; two ranks bound to one core are.
+TEST(Processes, RanksBoundToACoreEachAreNotCrowded) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c) {
+    if (CPU_ISSET(c, &all)) cpus.push_back(c);
+  }
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs";
+  for (bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "both ranks on one CPU" : "a CPU each");
+    const std::string second = std::to_string(shared ? cpus[0] : cpus[1]);
+    RunResult r =
+        runShell("NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT " + runBin() +
+                 " -n 2 sh -c 'if [ \"$LOCAL_RANK\" = 0 ]; then c=" + std::to_string(cpus[0]) +
+                 "; else c=" + second + "; fi; exec taskset -c $c " + rankBin() + " init'");
+    ASSERT_EQ(r.exitCode, 0) << r.output;
+    int lines = 0, crowded = 0, spinning = 0;
+    for (size_t p = r.output.find("CPU engine"); p != std::string::npos;
+         p = r.output.find("CPU engine", p + 1)) {
+      const std::string line = r.output.substr(p, r.output.find('\n', p) - p);
+      ++lines;
+      crowded += line.find("more ranks than CPUs") != std::string::npos;
+      spinning += line.find("waits spin up to 1000000 ns") != std::string::npos;
+    }
+    EXPECT_EQ(lines, 2) << r.output;
+    EXPECT_EQ(crowded, shared ? 2 : 0) << r.output;
+    EXPECT_EQ(spinning, shared ? 0 : 2) << r.output;
+  }
 }
 
 TEST(Processes, HelloDemoRuns) {

@@ -1,0 +1,49 @@
+// machineCpus: the CPUs the ranks of one machine may use together, from their affinity masks.
+#include "runtime/peer_info.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+using tutti::PeerInfo;
+
+namespace {
+
+PeerInfo onCpus(uint64_t machine, std::vector<int> cpus, int beyond = 0) {
+  PeerInfo p{};
+  p.machineHash = machine;
+  for (int c : cpus) p.cpuMask[c / 64] |= uint64_t(1) << (c % 64);
+  p.cpus = int32_t(cpus.size()) + beyond;  // `beyond`: CPUs from 1024 up
+  return p;
+}
+
+}  // namespace
+
+TEST(PeerInfo, MachineCpusIsTheUnionOfTheRanksMasksOnThatMachine) {
+  // A core each (bound as mpirun or srun bind): two CPUs.
+  std::vector<PeerInfo> bound = {onCpus(1, {0}), onCpus(1, {1})};
+  EXPECT_EQ(tutti::machineCpus(bound.data(), bound.size(), 1), 2);
+  // Both on one core: one.
+  std::vector<PeerInfo> one = {onCpus(1, {3}), onCpus(1, {3})};
+  EXPECT_EQ(tutti::machineCpus(one.data(), one.size(), 1), 1);
+  // Overlapping masks, high CPU numbers, and another machine's ranks left out.
+  std::vector<PeerInfo> mixed = {onCpus(7, {0, 1, 64}), onCpus(7, {1, 2, 1023}),
+                                 onCpus(8, {5, 6, 7, 8})};
+  EXPECT_EQ(tutti::machineCpus(mixed.data(), mixed.size(), 7), 5);
+  EXPECT_EQ(tutti::machineCpus(mixed.data(), mixed.size(), 8), 4);
+  // CPUs from 1024 up are known only by count: the most any one rank has.
+  std::vector<PeerInfo> big = {onCpus(2, {0}, 100), onCpus(2, {1}, 40)};
+  EXPECT_EQ(tutti::machineCpus(big.data(), big.size(), 2), 102);
+  // A machine without ranks here still counts one CPU, never zero.
+  EXPECT_EQ(tutti::machineCpus(bound.data(), bound.size(), 99), 1);
+}
+
+// The local process's own entry carries its affinity mask.
+TEST(PeerInfo, LocalInfoCarriesThisProcesssAffinity) {
+  cpu_set_t set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  PeerInfo me = tutti::localPeerInfo(0, -1, tutti::net::SockAddr{});
+  EXPECT_EQ(me.cpus, CPU_COUNT(&set));
+  std::vector<PeerInfo> alone = {me};
+  EXPECT_EQ(tutti::machineCpus(alone.data(), 1, me.machineHash), CPU_COUNT(&set));
+}
