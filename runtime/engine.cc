@@ -222,15 +222,11 @@ Status Engine::runCollective(const CollArgs& op) {
   const size_t perRankShare = op.kind == CollKind::kAllReduce ? count / size_t(n) : count;
   // Never more than a slot holds (a small NCCL_BUFFSIZE can make slots smaller than
   // kMinChunkBytes).
-  // Two ranks: cutting a message smaller than a slot into steps buys little overlap (there is
-  // no next hop to forward to) but costs each step its hand-off -- over tcp system calls and
-  // wake-ups, over shm the other side noticing and the lines crossing between caches.
-  // Measured over loopback tcp at 512 KiB, 5 interleaved runs each: all_reduce 109-153 us
-  // against 209-238 us, all_gather 63-117 against 107-145. Over shm, medians of 6 interleaved
-  // runs at 64 KiB / 256 KiB (us): broadcast 5.7 / 20.3 against 10.4 / 26.0, all_gather 6.6 /
-  // 17.1 against 6.4 / 23.7, all_reduce 13.2 / 35.4 against 13.6 / 43.8. Messages bigger than
-  // a slot still go in slot-sized steps.
-  const size_t steps = n == 2 ? 1 : kPipelineSteps;
+  // Two ranks over the network: cutting a slot into steps buys no overlap (there is no next
+  // hop to forward to, and the sockets' buffers already pipeline the bytes) but costs each
+  // step its system calls and wake-ups. Measured at 512 KiB over loopback tcp, 5 interleaved
+  // runs each: all_reduce 109-153 us against 209-238 us, all_gather 63-117 against 107-145.
+  const size_t steps = n == 2 && comm_.links().ringUsesNet() ? 1 : kPipelineSteps;
   const size_t chunk = algo::pipelinedChunk(slotUnits, perRankShare, nch, steps,
                                             std::max<size_t>(kMinChunkBytes / unit, 1));
   const size_t per = algo::channelShare(count, nch);
