@@ -63,12 +63,14 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   //    123; 64 KiB: tree 115, doubling 162, ring 166; 256 KiB: ring 324, tree 472.
   bool anyNet = false;
   for (int p = 1; p < comm.nranks(); ++p) anyNet |= comm.links().netBetween(0, p);
-  bool crowded = false;
+  bool crowded = false, oversubscribed = false;  // some machine / this rank's machine
   const std::vector<PeerInfo>& peers = comm.peers();
   for (const PeerInfo& p : peers) {
     int local = 0;
     for (const PeerInfo& q : peers) local += q.machineHash == p.machineHash;
-    crowded |= local > machineCpus(peers.data(), peers.size(), p.machineHash);
+    const bool over = local > machineCpus(peers.data(), peers.size(), p.machineHash);
+    crowded |= over;
+    if (p.rank == comm.rank()) oversubscribed = over;
   }
   size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
   if (crowded) {
@@ -85,11 +87,6 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   // across network namespaces: they share the CPUs; cores: the union of the ranks' affinity
   // masks, so ranks bound to a core each are not oversubscribed) waits yield at once, or the
   // rank being waited for never gets to run.
-  const PeerInfo& me = comm.peers()[size_t(comm.rank())];
-  int local = 0;
-  for (const PeerInfo& q : comm.peers()) local += q.machineHash == me.machineHash;
-  const bool oversubscribed =
-      local > machineCpus(comm.peers().data(), comm.peers().size(), me.machineHash);
   spinNs_ = env::getInt("TUTTI_SPIN_NS", oversubscribed ? 0 : 1000000);
   if (timeoutS_ <= 0) timeoutS_ = 1e9;
   for (int c = 1; c < maxChannels_; ++c) {
