@@ -152,6 +152,11 @@ class Connection {
   // The smallest payload a direct transfer may carry; smaller ones go through the slots the
   // plain way (so engines need not take the direct paths for them).
   virtual size_t directMinBytes() const { return 0; }
+  // Whether sending by address pays where the receiver wants the payload in its slot (to
+  // reduce it): tcp's socket copies anyway, so sending from the caller's buffer saves the copy
+  // into the slot; shm's receiver would only copy into its slot, through a system call, what
+  // the sender could have copied there itself.
+  virtual bool directPaysIntoSlot() const { return true; }
   // Sender: whether big payloads go by address (single copy) at the moment.
   virtual bool bigByAddress() const { return false; }
   // Receiver: the engine is about to wait for `step`, whose payload should be `bytes` long; it
@@ -168,6 +173,15 @@ class Connection {
     *inDst = false;
     return Status::Ok();
   }
+  // Receiver, after land: false while part of the payload is still being copied by the
+  // sender (shm single copy, both sides copying pieces); the engine waits until true.
+  virtual bool landed(uint64_t step) {
+    (void)step;
+    return true;
+  }
+  // Sender, while it waits for a free slot or for the receiver to finish: do a piece of the
+  // receiver's copy of a payload sent by address, if there is one to do. True when it did.
+  virtual bool help() { return false; }
   virtual const char* transportName() const = 0;
   // The first socket under this connection, or -1 (diagnostics and fault-injection tests).
   virtual int rawSocket() const { return -1; }

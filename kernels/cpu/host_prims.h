@@ -116,8 +116,14 @@ class HostPrims {
     if (recvDirect_) recvFrom_->conn->recvInto(UINT64_MAX, nullptr, 0);
     if (!sentDirect_) return;
     transport::FifoView& f = *sendTo_;
-    w_->until([&] { return f.ctrl->head.load(std::memory_order_acquire) >= f.step; }, f,
-              Waiter::Dir::kSend);
+    // While the receiver copies from this rank's buffers, copy a share of it (shm single copy).
+    w_->until(
+        [&] {
+          if (f.ctrl->head.load(std::memory_order_acquire) >= f.step) return true;
+          f.conn->help();
+          return f.ctrl->head.load(std::memory_order_acquire) >= f.step;
+        },
+        f, Waiter::Dir::kSend);
   }
 
  private:
@@ -134,8 +140,15 @@ class HostPrims {
 
   T* acquireSend() {
     transport::FifoView& f = *sendTo_;
+    auto free = [&] {
+      return f.ctrl->head.load(std::memory_order_acquire) + transport::kSteps > f.step;
+    };
     bool ok = w_->until(
-        [&] { return f.ctrl->head.load(std::memory_order_acquire) + transport::kSteps > f.step; },
+        [&] {
+          if (free()) return true;
+          if (sentDirect_) f.conn->help();  // a share of the receiver's copy, meanwhile
+          return free();
+        },
         f, Waiter::Dir::kSend);
     return ok ? reinterpret_cast<T*>(f.slot(f.step)) : nullptr;
   }
@@ -167,6 +180,11 @@ class HostPrims {
       Status s = f.conn->land(f.step, &landed_);
       if (!s.ok()) {
         w_->fail(s);
+        return nullptr;
+      }
+      // Pieces the sender took are still on their way.
+      if (!f.conn->landed(f.step) &&
+          !w_->until([&] { return f.conn->landed(f.step); }, f, Waiter::Dir::kRecv)) {
         return nullptr;
       }
     }

@@ -311,7 +311,7 @@ TEST(Fifos, EverySlotsFirstPageIsMappedWhenTheConnectionIsMade) {
 }
 
 // shm single copy by default is adaptive: big payloads go through slots while copying into a
-// slot runs fast, by address for a while once two copies in a row ran slow. With the
+// slot runs fast, by address for a while once the median of 8 copies ran slow. With the
 // threshold at 10^6 GB/s every copy is slow: after the first operation (whose copies touch
 // fresh pages and do not count) the sends switch to addresses; at 0 they never do; with
 // TUTTI_SHM_SINGLE_COPY=0 there is no single copy at all. Every result must be exact across
@@ -359,6 +359,56 @@ TEST(SingleCopy, AdaptiveSendsByAddressOnceSlotCopiesRunSlow) {
     EXPECT_EQ(byAddress[1], int(c.byAddress));
     destroyAll(comms);
   }
+}
+
+// shm single copy in pieces: a sender that waits copies pieces of the receiver's copy into
+// the receiver's destination, the receiver copies the rest, and the step completes only once
+// every piece is in. Driven by hand on one step of a real shm FIFO between two thread ranks,
+// so that who copies what is fixed: the sender takes `helped` of the 4 pieces of 256 KiB
+// before the receiver lands, the receiver the others. A stale step must never be helped.
+TEST(SingleCopy, TheSenderCopiesPiecesOfTheReceiversCopyWhileItWaits) {
+  namespace tr = tutti::transport;
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv mode("TUTTI_SHM_SINGLE_COPY", "1");
+  std::vector<ncclComm_t> comms = initThreads(2);
+  auto sum = [&] {
+    onThreads(2, [&](int r) {
+      std::vector<float> v(1 << 16, float(r + 1));
+      ASSERT_EQ(ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat, ncclSum, comms[size_t(r)],
+                              nullptr),
+                ncclSuccess);
+      EXPECT_EQ(v[12345], 3.0f);
+    });
+  };
+  sum();  // connects
+  ASSERT_NE(reinterpret_cast<tutti::Comm*>(comms[0])->links().send(1, 0), nullptr);
+  tr::FifoView& sf = *reinterpret_cast<tutti::Comm*>(comms[0])->links().send(1, 0);
+  tr::FifoView& rf = *reinterpret_cast<tutti::Comm*>(comms[1])->links().recv(0, 0);
+  ASSERT_STREQ(sf.conn->transportName(), "shm");
+  const size_t bytes = 256 << 10;  // 4 pieces of 64 KiB
+  std::vector<char> src(bytes), dst(bytes);
+  for (int helped = 0; helped <= 4; ++helped) {
+    SCOPED_TRACE("pieces the sender copies: " + std::to_string(helped));
+    for (size_t i = 0; i < bytes; ++i) src[i] = char(i * 131 + size_t(helped)), dst[i] = 0;
+    ASSERT_EQ(sf.step, rf.step);
+    const uint64_t step = sf.step;
+    ASSERT_TRUE(sf.conn->sendFrom(step, src.data(), bytes));  // by address
+    sf.ctrl->sizes[step % tr::kSteps].store(bytes);
+    tr::postTail(sf);
+    EXPECT_FALSE(sf.conn->help()) << "the receiver has not asked for the step yet";
+    rf.conn->recvInto(step, dst.data(), bytes);
+    for (int k = 0; k < helped; ++k) ASSERT_TRUE(sf.conn->help()) << "piece " << k;
+    bool inDst = false;
+    ASSERT_TRUE(rf.conn->land(step, &inDst).ok());
+    EXPECT_TRUE(inDst);
+    EXPECT_TRUE(rf.conn->landed(step));
+    EXPECT_FALSE(sf.conn->help()) << "every piece is taken";
+    EXPECT_EQ(memcmp(src.data(), dst.data(), bytes), 0);
+    tr::postHead(rf);
+    rf.conn->recvInto(UINT64_MAX, nullptr, 0);
+  }
+  sum();  // steps continue from here: the communicators still work
+  destroyAll(comms);
 }
 
 // Over tcp the FIFO cannot show the peer's CPU. For a peer on this machine (loopback here),

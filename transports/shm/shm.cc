@@ -63,7 +63,34 @@ struct ShmDesc {
 const uint64_t kProbeValue = 0x7475747469434d41ull ^ uint64_t(getpid());
 static_assert(sizeof(ShmDesc) <= sizeof(Descriptor));
 
-size_t segmentBytes(size_t slotBytes) { return sizeof(FifoCtrl) + kSteps * slotBytes; }
+// Single copy, shared by both sides after FifoCtrl: a big payload sent by address is copied in
+// pieces that either side may take. The receiver copies (process_vm_readv) from the first
+// piece on; a sender that would otherwise wait for a free slot or for the end of the operation
+// takes pieces too and writes them into the receiver's destination (process_vm_writev), so
+// that both CPUs copy instead of one while the other waits. Per slot: where the receiver wants
+// the payload (`dst`, in its address space), and `claim`: (step + 1) << 8 | pieces taken so
+// far. The receiver posts both when it starts waiting for the step (recvInto); a side takes a
+// piece with a compare-and-swap on claim, so a stale step never matches. `done` counts the
+// pieces copied; the receiver frees the slot only once all are.
+struct alignas(64) ShmHelp {
+  std::atomic<uint64_t> dst[kSteps];
+  std::atomic<uint64_t> claim[kSteps];
+  std::atomic<uint32_t> done[kSteps];
+};
+constexpr size_t kHeader = sizeof(FifoCtrl) + sizeof(ShmHelp);
+
+// The pieces a payload of n bytes is copied in: at least 64 KiB each, at most 64 of them.
+// Between processes, 2 ranks, broadcast by address in 128 KiB steps (4 interleaved runs,
+// in place): 64 MiB 8.0-10.0 ms with 64 KiB pieces, 9.8-11.1 with 32 KiB, 13.5-14.3 with
+// whole steps (the receiver alone copies); 8 MiB 0.57-0.88, 0.68-0.99, 1.05-1.86 ms.
+constexpr size_t kPieceMin = 64 << 10;
+inline size_t pieceBytes(size_t n) {
+  const size_t p = std::max(kPieceMin, (n + 63) / 64);
+  return (p + 4095) / 4096 * 4096;
+}
+inline uint32_t pieceCount(size_t n) { return uint32_t((n + pieceBytes(n) - 1) / pieceBytes(n)); }
+
+size_t segmentBytes(size_t slotBytes) { return kHeader + kSteps * slotBytes; }
 
 class ShmConnection : public Connection {
  public:
@@ -77,7 +104,8 @@ class ShmConnection : public Connection {
         checkPid_(checkPid),
         peer_(spec.peer) {
     fifo_.ctrl = static_cast<FifoCtrl*>(base);
-    fifo_.slots = static_cast<char*>(base) + sizeof(FifoCtrl);
+    help_ = reinterpret_cast<ShmHelp*>(static_cast<char*>(base) + sizeof(FifoCtrl));
+    fifo_.slots = static_cast<char*>(base) + kHeader;
     fifo_.slotBytes = spec.slotBytes;
     fifo_.peer = spec.peer;
     fifo_.channel = spec.channel;
@@ -118,8 +146,8 @@ class ShmConnection : public Connection {
 
   // minBytes: the smallest payload sent by single copy; 0 disables it (sender side).
   // adaptive: payloads of minBytes or more still go through the slots while copying into a
-  // slot runs fast, and by single copy for the next kDirectSteps steps after kSlowRun copies
-  // in a row ran slower than slowGBps.
+  // slot runs fast, and by single copy for the next kDirectSteps steps once the median of
+  // kWindow copies ran slower than slowGBps.
   // directMin: the sender's minBytes, on both sides (the receiver's paths for smaller payloads
   // stay the plain ones).
   void enableSingleCopy(bool sameProcess, size_t minBytes, size_t directMin, bool adaptive,
@@ -132,21 +160,25 @@ class ShmConnection : public Connection {
     direct_ = true;
   }
   size_t directMinBytes() const override { return directMin_; }
+  bool directPaysIntoSlot() const override { return false; }
   // Whether payloads of minBytes or more go by single copy now (sender side).
   bool bigByAddress() const override { return minBytes_ != 0 && (!adaptive_ || directLeft_ > 0); }
-  // TUTTI_SHM_SLOW_GBPS, 8 by default: below it a copy into a slot counts as slow. On this
-  // project's 2-vCPU VM, copying 64 KiB+ steps into slots ran at 20-35 GB/s while the two
+  // TUTTI_SHM_SLOW_GBPS, 5 by default: a median copy into a slot below it counts as slow. On
+  // this project's 2-vCPU VM, copying 64 KiB+ steps into slots ran at 20-35 GB/s while the two
   // vCPUs shared a die (a cache line's round trip 54-88 ns) and at 2.1-3.5 GB/s while they
   // did not (330-360 ns): the slot's lines, last read on the other die, must be taken back
   // line by line, and the receiver fetches them again. Single copy reads the sender's buffer,
   // which is not freshly written: in that state 1 MiB broadcast 58-107 us adaptive against
   // 182-615 us through slots (Open MPI 83-105), while in the good one single copy alone was
-  // slower (94-119 against 59-109). Two slow copies in a row, so that one interrupted copy
-  // does not switch; 512 steps by address before trying the slots again, because the first
-  // copies back into slots run fast (their lines have left the other cache) and a verdict
-  // takes about kSteps of them.
+  // slower (94-119 against 59-109). The verdict is the median of kWindow copies, not a run of
+  // slow ones: from a source out of cache (64 MiB broadcast) copies in the good state spread
+  // over 0-28 GB/s (most 10-20; a preempted or page-faulting one near 0), and two under 8 in a
+  // row switched 64 MiB broadcasts to single copy, which took 12.6-14.9 ms there against
+  // 6.4-7.3 through slots. 512 steps by address before trying the slots again, because the
+  // first copies back into slots run fast (their lines have left the other cache) and a
+  // verdict takes about kSteps of them.
   static constexpr uint32_t kDirectSteps = 512;
-  static constexpr uint32_t kSlowRun = 2;
+  static constexpr uint32_t kWindow = 8;
   bool sendFrom(uint64_t step, const void* src, size_t bytes) override {
     const size_t k = step % kSteps;
     const bool big = minBytes_ != 0 && bytes >= minBytes_;
@@ -161,10 +193,13 @@ class ShmConnection : public Connection {
         // held before says anything about the machine.
         const bool seen = bytes <= touched_[k];
         touched_[k] = std::max(touched_[k], bytes);
-        if (seen && double(bytes) < slowBytesPerNs_ * ns) {
-          if (++slowRun_ >= kSlowRun) directLeft_ = kDirectSteps, slowRun_ = 0;
-        } else if (seen) {
-          slowRun_ = 0;
+        if (seen) {
+          rates_[nRates_++] = double(bytes) / std::max(ns, 1.0);
+          if (nRates_ == kWindow) {
+            nRates_ = 0;
+            std::nth_element(rates_, rates_ + kWindow / 2, rates_ + kWindow);
+            if (rates_[kWindow / 2] < slowBytesPerNs_) directLeft_ = kDirectSteps;
+          }
         }
       } else {
         memcpy(fifo_.slot(step), src, bytes);
@@ -174,12 +209,68 @@ class ShmConnection : public Connection {
     }
     if (adaptive_) --directLeft_;
     fifo_.ctrl->src[k].store(reinterpret_cast<uint64_t>(src), std::memory_order_relaxed);
+    sent_[k] = Sent{step + 1, static_cast<const char*>(src), bytes, false};
     return true;
   }
 
-  void recvInto(uint64_t, void* dst, size_t) override { dst_ = static_cast<char*>(dst); }
+  // Sender, while it waits: copies one piece of a payload it sent by address that the
+  // receiver is waiting for. True when it copied something.
+  bool help() override {
+    if (!direct_) return false;
+    const uint64_t head = fifo_.ctrl->head.load(std::memory_order_acquire);
+    Sent* best = nullptr;
+    for (Sent& e : sent_) {
+      if (e.tag == 0 || e.finished || e.tag <= head) continue;  // none, taken, or consumed
+      if (!best || e.tag < best->tag) best = &e;
+    }
+    if (!best) return false;
+    const size_t k = (best->tag - 1) % kSteps;
+    const uint32_t pieces = pieceCount(best->bytes);
+    uint64_t word = help_->claim[k].load(std::memory_order_acquire);
+    if ((word >> 8) != best->tag) return false;  // the receiver has not reached this step yet
+    const uint64_t to = help_->dst[k].load(std::memory_order_relaxed);
+    for (;;) {
+      const uint32_t c = uint32_t(word & 0xff);
+      if (c >= pieces) {
+        best->finished = true;
+        return false;
+      }
+      if (help_->claim[k].compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) {
+        const size_t piece = pieceBytes(best->bytes);
+        const size_t off = size_t(c) * piece;
+        const size_t n = std::min(piece, best->bytes - off);
+        if (!copyPiece(reinterpret_cast<char*>(to) + off, best->src + off, n, true)) {
+          // The piece is lost: the receiver must not wait for it. The same permission let
+          // the probe at setup read this peer, so only a receiver that is exiting gets here.
+          TUTTI_WARN("shm: writing %zu bytes to rank %d (pid %lld) failed: %s", n, peer_,
+                     static_cast<long long>(peerPid_), strerror(errno));
+          breakLink();
+          best->finished = true;
+          return false;
+        }
+        help_->done[k].fetch_add(1, std::memory_order_release);
+        return true;
+      }
+      if ((word >> 8) != best->tag) return false;
+    }
+  }
+
+  void recvInto(uint64_t step, void* dst, size_t) override {
+    dst_ = static_cast<char*>(dst);
+    if (step == UINT64_MAX || !direct_) return;
+    const size_t k = step % kSteps;
+    help_->done[k].store(0, std::memory_order_relaxed);
+    help_->dst[k].store(reinterpret_cast<uint64_t>(dst_ ? dst_ : fifo_.slot(step)),
+                        std::memory_order_relaxed);
+    help_->claim[k].store((step + 1) << 8, std::memory_order_release);
+  }
+  // Receiver, after land: whether the pieces the sender took have all arrived.
+  bool landed(uint64_t step) override {
+    return help_->done[step % kSteps].load(std::memory_order_acquire) >= landPieces_;
+  }
   Status land(uint64_t step, bool* inDst) override {
     *inDst = false;
+    landPieces_ = 0;
     const uint64_t src = fifo_.ctrl->src[step % kSteps].load(std::memory_order_relaxed);
     if (src == 0) return Status::Ok();
     // Back to "payload in the slot" before head frees the slot: a sender that fills it the
@@ -188,35 +279,81 @@ class ShmConnection : public Connection {
     const size_t n = fifo_.ctrl->sizes[step % kSteps].load(std::memory_order_relaxed) & kSizeMask;
     char* to = dst_ ? dst_ : fifo_.slot(step);
     *inDst = dst_ != nullptr;
-    if (sameProcess_ && !kCopyThroughKernel) {
-      memcpy(to, reinterpret_cast<const void*>(src), n);
+    const size_t k = step % kSteps;
+    uint64_t word = help_->claim[k].load(std::memory_order_acquire);
+    if ((word >> 8) != step + 1) {  // not posted by recvInto: nobody helps, copy it all
+      if (!copyPiece(to, reinterpret_cast<const char*>(src), n, false)) return readFailed(n);
       return Status::Ok();
     }
-    const pid_t pid = sameProcess_ ? getpid() : static_cast<pid_t>(peerPid_);
-    size_t done = 0;
-    while (done < n) {
-      iovec local{to + done, n - done};
-      iovec remote{reinterpret_cast<void*>(src + done), n - done};
-      ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        return remoteError("shm: reading " + std::to_string(n) + " bytes from rank " +
-                           std::to_string(peer_) + " (pid " + std::to_string(peerPid_) +
-                           ") with process_vm_readv failed: " + strerror(got < 0 ? errno : EIO) +
-                           " (TUTTI_SHM_SINGLE_COPY=0 turns single copy off)");
+    const size_t piece = pieceBytes(n);
+    landPieces_ = pieceCount(n);
+    for (;;) {
+      const uint32_t c = uint32_t(word & 0xff);
+      if ((word >> 8) != step + 1 || c >= landPieces_) break;
+      if (!help_->claim[k].compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) {
+        continue;
       }
-      done += size_t(got);
+      const size_t off = size_t(c) * piece;
+      const size_t len = std::min(piece, n - off);
+      if (!copyPiece(to + off, reinterpret_cast<const char*>(src) + off, len, false)) {
+        return readFailed(len);
+      }
+      help_->done[k].fetch_add(1, std::memory_order_release);
+      word = help_->claim[k].load(std::memory_order_acquire);
     }
     return Status::Ok();
   }
 
  private:
+  Status readFailed(size_t n) const {
+    return remoteError("shm: reading " + std::to_string(n) + " bytes from rank " +
+                       std::to_string(peer_) + " (pid " + std::to_string(peerPid_) +
+                       ") with process_vm_readv failed: " + strerror(errno) +
+                       " (TUTTI_SHM_SINGLE_COPY=0 turns single copy off)");
+  }
+  // Copies n bytes between this process and the peer: the receiver reads from the peer's
+  // memory (toPeer false), the sender writes into it (toPeer true). False, errno set, when
+  // the kernel refused.
+  bool copyPiece(char* to, const char* from, size_t n, bool toPeer) {
+    if (sameProcess_ && !kCopyThroughKernel) {
+      memcpy(to, from, n);
+      return true;
+    }
+    const pid_t pid = sameProcess_ ? getpid() : static_cast<pid_t>(peerPid_);
+    size_t done = 0;
+    while (done < n) {
+      iovec local{const_cast<char*>(toPeer ? from : to) + done, n - done};
+      iovec remote{const_cast<char*>(toPeer ? to : from) + done, n - done};
+      ssize_t got = toPeer ? process_vm_writev(pid, &local, 1, &remote, 1, 0)
+                           : process_vm_readv(pid, &local, 1, &remote, 1, 0);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        if (got == 0) errno = EIO;
+        return false;
+      }
+      done += size_t(got);
+    }
+    return true;
+  }
+
+  // Sender: a payload sent by address, until the receiver has taken every piece.
+  struct Sent {
+    uint64_t tag = 0;  // step + 1; 0: none
+    const char* src = nullptr;
+    size_t bytes = 0;
+    bool finished = false;  // every piece taken
+  };
+  Sent sent_[kSteps];
+  ShmHelp* help_ = nullptr;
+  uint32_t landPieces_ = 0;
+  // receiver: pieces of the payload land() last copied
   bool sameProcess_ = false;
   bool adaptive_ = false;
   uint32_t directLeft_ = 0;
   size_t directMin_ = 0;
-  double slowBytesPerNs_ = 8.0;
-  uint32_t slowRun_ = 0;         // slow slot copies in a row
+  double slowBytesPerNs_ = 5.0;
+  double rates_[kWindow] = {};  // the last copies' rates, bytes per ns (adaptive)
+  uint32_t nRates_ = 0;
   size_t touched_[kSteps] = {};  // the most bytes each slot has held (adaptive)
   size_t minBytes_ = 0;
   char* dst_ = nullptr;
@@ -240,7 +377,7 @@ class ShmTransport : public Transport {
     const std::optional<std::string> mode = env::getString("TUTTI_SHM_SINGLE_COPY");
     adaptive_ = !mode || mode->empty();
     singleCopy_ = adaptive_ || env::getBool("TUTTI_SHM_SINGLE_COPY", false);
-    slowGBps_ = env::getDouble("TUTTI_SHM_SLOW_GBPS", 8.0);
+    slowGBps_ = env::getDouble("TUTTI_SHM_SLOW_GBPS", 5.0);
     minBytes_ = size_t(std::max<int64_t>(1, env::getInt("TUTTI_SHM_SINGLE_COPY_MIN", 64 << 10)));
   }
   const char* name() const override { return "shm"; }
@@ -270,12 +407,16 @@ class ShmTransport : public Transport {
       shm_unlink(d.name);
       return base.status();
     }
-    prefaultSlots(static_cast<char*>(base.value()) + sizeof(FifoCtrl), d.slotBytes);
+    prefaultSlots(static_cast<char*>(base.value()) + kHeader, d.slotBytes);
     auto* ctrl = new (base.value()) FifoCtrl();
     ctrl->tail.store(0);
     ctrl->head.store(0);
     for (auto& s : ctrl->sizes) s.store(0);
     for (auto& s : ctrl->src) s.store(0);
+    auto* help = new (static_cast<char*>(base.value()) + sizeof(FifoCtrl)) ShmHelp();
+    for (int k = 0; k < kSteps; ++k) {
+      help->dst[k].store(0), help->claim[k].store(0), help->done[k].store(0);
+    }
     ctrl->broken.store(0);
     ctrl->magic = kShmMagic;
     d.probeAddr = reinterpret_cast<uint64_t>(&kProbeValue);
@@ -313,7 +454,7 @@ class ShmTransport : public Transport {
       munmap(base.value(), d.bytes);
       return internalError(std::string("shm: segment ") + d.name + " is not a tutti FIFO");
     }
-    prefaultSlots(static_cast<char*>(base.value()) + sizeof(FifoCtrl), d.slotBytes);
+    prefaultSlots(static_cast<char*>(base.value()) + kHeader, d.slotBytes);
     const PeerInfo& p = comm_.peers()[static_cast<size_t>(spec.peer)];
     auto conn = std::make_unique<ShmConnection>(spec, base.value(), d.bytes, d.name, false, p.pid,
                                                 checkPid(p));
