@@ -73,12 +73,26 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     if (p.rank == comm.rank()) oversubscribed = over;
   }
   size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
+  size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0;
   if (crowded) {
     rdDefault = anyNet ? (comm.nranks() >= 8 ? 0 : 256 << 10) : 16 << 10;
     treeDefault = anyNet ? 256 << 10 : 128 << 10;
     flatDefault = anyNet || comm.nranks() > 8 ? 0 : 2 << 10;  // n(n-1) links: measured to 8
+    // All-gathers, 8 ranks on 2 cores, 3 interleaved runs, us: shm 64 B-16 KiB flat 12-32,
+    // ring 16-35, Open MPI 16-77; 64 KiB flat 72-105, ring 31-55. tcp 64 B-16 KiB tree
+    // 99-205, doubling 152-230, ring 221-630, Open MPI 134-185; 256 KiB tree 572-617, ring
+    // 663-785, Open MPI 665-874; 1 MiB ring 1606-1941, tree 1827-2386. With 4 ranks over tcp
+    // all were within each other's noise (51-107): the ring stays.
+    flatGatherDefault = anyNet || comm.nranks() > 8 ? 0 : 16 << 10;
+    treeGatherDefault = anyNet && comm.nranks() >= 8 ? 256 << 10 : 0;
   }
   flatMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_MAX_BYTES", int64_t(flatDefault)));
+  flatGatherMaxBytes_ = static_cast<size_t>(
+      env::getInt("TUTTI_FLAT_ALLGATHER_MAX_BYTES", int64_t(flatGatherDefault)));
+  rdGatherMaxBytes_ =
+      static_cast<size_t>(env::getInt("TUTTI_RD_ALLGATHER_MAX_BYTES", int64_t(rdGatherDefault)));
+  treeGatherMaxBytes_ = static_cast<size_t>(
+      env::getInt("TUTTI_TREE_ALLGATHER_MAX_BYTES", int64_t(treeGatherDefault)));
   rdMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_RD_MAX_BYTES", int64_t(rdDefault)));
   treeMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_TREE_MAX_BYTES", int64_t(treeDefault)));
   // With a core per rank, waits busy-poll (answers come in well under a microsecond), for up
@@ -95,11 +109,11 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   TUTTI_INFO(
       log::kInit,
       "rank %d: CPU engine, %d-%d channels, %zu-byte ring chunks at most; all-reduce by "
-      "flat exchange up to %zu bytes, recursive doubling up to %zu, binomial tree up to %zu%s; "
-      "waits spin up to %lld ns",
+      "flat exchange up to %zu bytes, recursive doubling up to %zu, binomial tree up to %zu; "
+      "all-gather by the same up to %zu / %zu / %zu%s; waits spin up to %lld ns",
       comm.rank(), minChannels_, maxChannels_, comm.links().ringStepBytes(), flatMaxBytes_,
-      rdMaxBytes_, treeMaxBytes_, crowded ? " (more ranks than CPUs on a machine)" : "",
-      static_cast<long long>(spinNs_));
+      rdMaxBytes_, treeMaxBytes_, flatGatherMaxBytes_, rdGatherMaxBytes_, treeGatherMaxBytes_,
+      crowded ? " (more ranks than CPUs on a machine)" : "", static_cast<long long>(spinNs_));
 }
 
 Engine::~Engine() = default;
@@ -191,6 +205,15 @@ Status Engine::runCollective(const CollArgs& op) {
     }
     if (total <= treeMaxBytes_) return runRecursiveDoubling(op, state, true);
   }
+  if (op.kind == CollKind::kAllGather && n > 2 && count > 0) {
+    if (total <= flatGatherMaxBytes_) return runFlat(op, state);
+    if ((n & (n - 1)) == 0 && total <= rdGatherMaxBytes_) {
+      return runRecursiveDoubling(op, state, false);
+    }
+    if ((n & (n - 1)) == 0 && total <= treeGatherMaxBytes_) {
+      return runRecursiveDoubling(op, state, true);
+    }
+  }
   transport::FifoView** sendTo = ringSend_;
   transport::FifoView** recvFrom = ringRecv_;
   if (n > 1 && count > 0 && !ringSend_[nch - 1]) {  // channels are set up in order
@@ -259,7 +282,11 @@ Status Engine::runFlat(const CollArgs& op, OpState& state) {
     }
   }
   Waiter w(&state);
-  cpu::runFlatAllReduce(op, r, n, flatLinks_, &w);
+  if (op.kind == CollKind::kAllGather) {
+    cpu::runFlatAllGather(op, op.count * dtypeSize(op.dtype), r, n, flatLinks_, &w);
+  } else {
+    cpu::runFlatAllReduce(op, r, n, flatLinks_, &w);
+  }
   return state.status();
 }
 

@@ -8,6 +8,7 @@
 #include "kernels/cpu/host_prims.h"
 #include "kernels/cpu/reduce.h"
 #include "nccl.h"
+#include "runtime/dtype.h"
 
 namespace tutti::cpu {
 namespace {
@@ -232,8 +233,56 @@ bool rdSymmetric(const CollArgs& op) {
   return !(floating && (fn == RedFn::kMax || fn == RedFn::kMin));
 }
 
+// All-gather over recursive doubling's links, n a power of two, `bytes` per rank.
+// Doubling: in step k, the 2^k blocks this rank holds (aligned at a multiple of 2^k) go to
+// the partner, whose 2^k come back; log2(n) steps, n log2(n) messages.
+// Tree: a rank whose lowest set bit is L gathers its subtree's blocks [rank, rank + 2^L) from
+// its children rank + 2^k (k < L, each bringing the contiguous 2^k blocks of its own
+// subtree), hands them to its parent rank - 2^L, gets the whole back and passes it down:
+// 2 log2(n) steps, 2(n-1) messages.
+void runRdAllGather(const CollArgs& op, size_t bytes, int rank, int n, const RdLinks& links,
+                    bool tree, Waiter* w) {
+  const algo::RdPlan plan = algo::rdPlan(rank, n);
+  const uint8_t* in = static_cast<const uint8_t*>(op.send);
+  uint8_t* out = static_cast<uint8_t*>(op.recv);
+  if (in != out + size_t(rank) * bytes) memcpy(out + size_t(rank) * bytes, in, bytes);
+  // Moves [sendAt, +len) to `to` and [recvAt, +len) from `from` (either may be null), a slot
+  // at a time, sends and receives interleaved so that two partners never both wait to send.
+  auto stage = [&](transport::FifoView* to, size_t sendAt, transport::FifoView* from, size_t recvAt,
+                   size_t len) {
+    HostPrims<uint8_t, CopyOnly> p(to, from, out, out, CopyOnly{}, w, /*directSend=*/false);
+    const size_t chunk = std::max<size_t>(1, (to ? to : from)->slotBytes);
+    for (size_t at = 0; at < len; at += chunk) {
+      const int m = static_cast<int>(std::min(chunk, len - at));
+      if (to) p.send(sendAt + at, m);
+      if (from) p.recv(recvAt + at, m);
+    }
+    p.finish();
+  };
+  if (!tree) {
+    for (int k = 0; k < plan.steps; ++k) {
+      const size_t mine = size_t((rank >> k) << k), theirs = mine ^ (size_t(1) << k);
+      stage(links.send[k], mine * bytes, links.recv[k], theirs * bytes, (size_t(1) << k) * bytes);
+    }
+    return;
+  }
+  const int level = algo::treeLevel(rank, plan.steps);
+  for (int k = 0; k < level; ++k) {
+    stage(nullptr, 0, links.recv[k], size_t(rank + (1 << k)) * bytes, (size_t(1) << k) * bytes);
+  }
+  const size_t all = size_t(n) * bytes;
+  if (level < plan.steps) {
+    stage(links.send[level], size_t(rank) * bytes, nullptr, 0, (size_t(1) << level) * bytes);
+    stage(nullptr, 0, links.recv[level], 0, all);
+  }
+  for (int k = level - 1; k >= 0; --k) stage(links.send[k], 0, nullptr, 0, all);
+}
+
 void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLinks& links, bool tree,
                           Waiter* w) {
+  if (op.kind == CollKind::kAllGather) {
+    return runRdAllGather(op, op.count * dtypeSize(op.dtype), rank, nranks, links, tree, w);
+  }
   byTypeAndFn(op, w, [&](auto t, auto f) {
     runRd<decltype(t), decltype(f)::kFn>(op, rank, nranks, links, tree, w);
   });
@@ -243,6 +292,34 @@ void runFlatAllReduce(const CollArgs& op, int rank, int nranks, const FlatLinks&
   byTypeAndFn(op, w, [&](auto t, auto f) {
     runFlat<decltype(t), decltype(f)::kFn>(op, rank, nranks, links, w);
   });
+}
+
+// The flat all-gather: every rank sends its block to every other and places the n-1 it gets,
+// one dependent step where the ring takes n-1. Sends copy through slots: a send straight from
+// the input would wait for its receiver before the next one could start.
+void runFlatAllGather(const CollArgs& op, size_t bytes, int rank, int n, const FlatLinks& links,
+                      Waiter* w) {
+  const uint8_t* in = static_cast<const uint8_t*>(op.send);
+  uint8_t* out = static_cast<uint8_t*>(op.recv);
+  if (in != out + size_t(rank) * bytes) memcpy(out + size_t(rank) * bytes, in, bytes);
+  const size_t chunk = std::max<size_t>(1, links.send[size_t((rank + 1) % n)]->slotBytes);
+  for (size_t at = 0; at < bytes && !w->failed(); at += chunk) {
+    const int len = static_cast<int>(std::min(chunk, bytes - at));
+    for (int d = 1; d < n; ++d) {
+      HostPrims<uint8_t, CopyOnly> p(links.send[size_t((rank + d) % n)], nullptr, in, nullptr,
+                                     CopyOnly{}, w, /*directSend=*/false);
+      p.send(at, len);
+      p.finish();
+    }
+    for (int d = 1; d < n; ++d) {  // the next ranks first: they are the likeliest done
+      const int q = (rank + n - d) % n;
+      uint8_t* block = out + size_t(q) * bytes;
+      HostPrims<uint8_t, CopyOnly> p(nullptr, links.recv[size_t(q)], block, block, CopyOnly{}, w,
+                                     false);
+      p.recv(at, len);
+      p.finish();
+    }
+  }
 }
 
 bool movesBytes(CollKind kind) {

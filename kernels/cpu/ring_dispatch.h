@@ -35,6 +35,9 @@ struct FlatLinks {
   std::vector<transport::FifoView*> send, recv;
 };
 void runFlatAllReduce(const CollArgs& op, int rank, int nranks, const FlatLinks& links, Waiter* w);
+// The flat all-gather over the same links: bytes per rank.
+void runFlatAllGather(const CollArgs& op, size_t bytes, int rank, int nranks,
+                      const FlatLinks& links, Waiter* w);
 // Whether recursive doubling gives every rank the same bits for this operation: the op must
 // be commutative bit for bit (floating max/min are not, with NaNs).
 bool rdSymmetric(const CollArgs& op);

@@ -22,9 +22,10 @@ namespace {
 
 constexpr size_t kFifoBytes = 8192;  // NCCL_BUFFSIZE in these tests: 1 KiB slots
 
-// How small all-reduces of 3+ ranks run: as the machine decides (ranks sharing cores or
-// not), or pinned to one algorithm for every size, so that each runs on both transports
-// whatever the machine's core count.
+// How small all-reduces and all-gathers of 3+ ranks run: as the machine decides (ranks
+// sharing cores or not), or pinned to one algorithm for every size, so that each runs on both
+// transports whatever the machine's core count. (All-gathers: doubling and tree only for a
+// power of two of ranks, the ring otherwise.)
 enum class Small { kDefault, kRing, kFlat, kDoubling, kTree };
 
 struct MatrixSetup {
@@ -83,6 +84,9 @@ TEST_P(Matrix, EveryCollectiveMatchesTheOracle) {
   ScopedEnv rdMax("TUTTI_RD_MAX_BYTES", rdMaxFor(s.small));
   ScopedEnv treeMax("TUTTI_TREE_MAX_BYTES", treeMaxFor(s.small));
   ScopedEnv flatMax("TUTTI_FLAT_MAX_BYTES", flatMaxFor(s.small));
+  ScopedEnv rdGather("TUTTI_RD_ALLGATHER_MAX_BYTES", rdMaxFor(s.small));
+  ScopedEnv treeGather("TUTTI_TREE_ALLGATHER_MAX_BYTES", treeMaxFor(s.small));
+  ScopedEnv flatGather("TUTTI_FLAT_ALLGATHER_MAX_BYTES", flatMaxFor(s.small));
   // 3, 4 and 8 ranks over shm: single copy (a receiver copying straight from the sender's
   // buffer) for slots of 256 bytes or more, not only for big ones.
   const bool single =
@@ -108,7 +112,7 @@ TEST_P(Matrix, EveryCollectiveMatchesTheOracle) {
 // Every nranks value on both transports; the two-channel runs split each operation across
 // channels (and their workers) even at small sizes; every small all-reduce algorithm on both
 // transports (8 ranks over shm as the machine decides: with fewer than 8 cores that is flat,
-// doubling and tree by size).
+// doubling and tree by size, and all-gathers flat up to 16 KiB).
 INSTANTIATE_TEST_SUITE_P(Threads, Matrix,
                          ::testing::Values(MatrixSetup{1, "shm", 1}, MatrixSetup{2, "shm", 1},
                                            MatrixSetup{3, "shm", 2, Small::kTree},
@@ -119,7 +123,8 @@ INSTANTIATE_TEST_SUITE_P(Threads, Matrix,
                                            MatrixSetup{3, "tcp", 1, Small::kRing},
                                            MatrixSetup{4, "tcp", 2, Small::kDoubling},
                                            MatrixSetup{5, "tcp", 1, Small::kTree},
-                                           MatrixSetup{8, "tcp", 1, Small::kFlat}),
+                                           MatrixSetup{8, "tcp", 1, Small::kFlat},
+                                           MatrixSetup{8, "tcp", 2, Small::kTree}),
                          setupName);
 
 }  // namespace
