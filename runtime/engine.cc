@@ -78,10 +78,10 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     rdDefault = anyNet ? (comm.nranks() >= 8 ? 0 : 256 << 10) : 16 << 10;
     treeDefault = anyNet ? 256 << 10 : 128 << 10;
     flatDefault = anyNet || comm.nranks() > 8 ? 0 : 2 << 10;  // n(n-1) links: measured to 8
-    // All-gathers, 8 ranks on 2 cores, 3 interleaved runs, us: shm 64 B-16 KiB flat 12-32,
-    // ring 16-35, Open MPI 16-77; 64 KiB flat 72-105, ring 31-55. tcp 64 B-16 KiB tree
-    // 99-205, doubling 152-230, ring 221-630, Open MPI 134-185; 256 KiB tree 572-617, ring
-    // 663-785, Open MPI 665-874; 1 MiB ring 1606-1941, tree 1827-2386. With 4 ranks over tcp
+    // All-gathers, 8 ranks on 2 cores, 3-6 interleaved runs, us: shm 64 B-16 KiB flat 12-32,
+    // ring 16-38, Open MPI 16-77; 64 KiB flat 72-105, ring 31-55. tcp 64 B-16 KiB tree
+    // 99-205, doubling 152-230, ring 221-631, Open MPI 132-197; 256 KiB tree 572-617, ring
+    // 558-785, Open MPI 665-984; 1 MiB ring 1347-1941, tree 1827-2386. With 4 ranks over tcp
     // all were within each other's noise (51-107): the ring stays.
     flatGatherDefault = anyNet || comm.nranks() > 8 ? 0 : 16 << 10;
     treeGatherDefault = anyNet && comm.nranks() >= 8 ? 256 << 10 : 0;
@@ -273,6 +273,7 @@ Status Engine::runFlat(const CollArgs& op, OpState& state) {
     }
     Status s = comm_.links().ensure(needs);
     if (!s.ok()) return s.withContext("rank " + std::to_string(r) + ": " + state.what());
+    flatLinks_.chunkBytes = comm_.links().minSlotBytes();
     flatLinks_.send.assign(size_t(n), nullptr);
     flatLinks_.recv.assign(size_t(n), nullptr);
     for (int p = 0; p < n; ++p) {

@@ -52,10 +52,10 @@ class Engine {
   size_t pairMaxBytes_;        // two-rank all-reduces up to this size use the pair exchange (tcp)
   size_t rdMaxBytes_;          // all-reduces of 3+ ranks up to this size use recursive doubling
   size_t flatMaxBytes_;        // and up to this one (3+ ranks) the flat exchange
+  size_t treeMaxBytes_;        // and those above it up to this size the binomial tree
   size_t flatGatherMaxBytes_;  // all-gathers of 3+ ranks up to this total: the flat exchange
   size_t rdGatherMaxBytes_;    // then (a power of two of ranks) recursive doubling
   size_t treeGatherMaxBytes_;  // then the binomial tree
-  size_t treeMaxBytes_;        // and those above it up to this size the binomial tree
   int64_t spinNs_;             // how long a wait busy-polls before yielding (0 when oversubscribed)
   std::mutex mu_;              // one group at a time per communicator
   std::vector<std::unique_ptr<Worker>> channelWorkers_;

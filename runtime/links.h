@@ -4,6 +4,7 @@
 // local pairs use tcp; NCCL_NET picks the network transport (Socket is the one built in).
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -47,6 +48,9 @@ class Links {
   // Slot sizes: of the links to peer, and the largest that fits every hop of the ring.
   size_t slotBytesFor(int peer) const;
   size_t ringSlotBytes() const;
+  // The smallest slot of any link, the same on every rank (flat exchanges chunk every link
+  // alike by it, whatever the links' transports).
+  size_t minSlotBytes() const { return std::min(slotBytes_, netSlotBytes_); }
   // The most one step carries: over the network by default less than a slot holds (see
   // links.cc), else a slot. stepBytesFor: to peer; ringStepBytes: on every hop of the ring.
   size_t stepBytesFor(int peer) const;

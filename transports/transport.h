@@ -160,7 +160,10 @@ class Connection {
   // Sender: whether big payloads go by address (single copy) at the moment.
   virtual bool bigByAddress() const { return false; }
   // Receiver: the engine is about to wait for `step`, whose payload should be `bytes` long; it
-  // wants it in dst (nullptr: in the slot). step UINT64_MAX: no wait pending.
+  // wants it in dst (nullptr: in the slot). step UINT64_MAX: no wait pending -- the engine's
+  // buffers are about to go back to its caller. From the call on the peer may write dst (shm
+  // single copy), until land() and landed() complete the step or the UINT64_MAX call returns,
+  // so every operation that posts a step must end with that call (HostPrims::finish).
   virtual void recvInto(uint64_t step, void* dst, size_t bytes) {
     (void)step;
     (void)dst;

@@ -135,7 +135,7 @@ void runFlat(const CollArgs& op, int rank, int n, const FlatLinks& links, Waiter
   T* mine = reinterpret_cast<T*>(scratch.data());
   T* out = static_cast<T*>(op.recv);
   first.preCopy(mine, static_cast<const T*>(op.send), op.count);
-  const size_t chunk = std::max<size_t>(1, links.send[(rank + 1) % n]->slotBytes / sizeof(T));
+  const size_t chunk = std::max<size_t>(1, links.chunkBytes / sizeof(T));
   for (size_t at = 0; at < op.count && !w->failed(); at += chunk) {
     const int len = static_cast<int>(std::min(chunk, op.count - at));
     for (int d = 1; d < n; ++d) {
@@ -302,7 +302,7 @@ void runFlatAllGather(const CollArgs& op, size_t bytes, int rank, int n, const F
   const uint8_t* in = static_cast<const uint8_t*>(op.send);
   uint8_t* out = static_cast<uint8_t*>(op.recv);
   if (in != out + size_t(rank) * bytes) memcpy(out + size_t(rank) * bytes, in, bytes);
-  const size_t chunk = std::max<size_t>(1, links.send[size_t((rank + 1) % n)]->slotBytes);
+  const size_t chunk = std::max<size_t>(1, links.chunkBytes);
   for (size_t at = 0; at < bytes && !w->failed(); at += chunk) {
     const int len = static_cast<int>(std::min(chunk, bytes - at));
     for (int d = 1; d < n; ++d) {

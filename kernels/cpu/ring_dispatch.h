@@ -33,6 +33,7 @@ void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLink
 // The flat all-reduce's links: to and from every other rank (null for this one).
 struct FlatLinks {
   std::vector<transport::FifoView*> send, recv;
+  size_t chunkBytes = 0;  // per message on every link (Links::minSlotBytes)
 };
 void runFlatAllReduce(const CollArgs& op, int rank, int nranks, const FlatLinks& links, Waiter* w);
 // The flat all-gather over the same links: bytes per rank.

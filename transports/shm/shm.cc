@@ -4,11 +4,13 @@
 // receiver unlinks it too when it is freed, in case the sender never came.
 //
 // Single copy: a sender may publish a slot whose payload stays in its own buffer (FifoCtrl::
-// src); the receiver then copies it straight to where it is needed -- with memcpy between
-// threads of one process, with process_vm_readv (cross-memory attach, as Open MPI's vader
-// uses) between processes -- instead of the sender copying in and the receiver copying out.
+// src); it is then copied straight to where the receiver needs it -- with memcpy between
+// threads of one process, with process_vm_readv / process_vm_writev (cross-memory attach, as
+// Open MPI's vader uses) between processes -- in pieces that the receiver and a waiting
+// sender both take (ShmHelp), instead of the sender copying in and the receiver copying out.
 // By default adaptive: a big payload goes through the slots while copying into them runs
-// fast, and by single copy for a while after one such copy ran slow (ShmConnection::sendFrom);
+// fast, and by single copy for a while once the median of 8 such copies ran slow
+// (ShmConnection::sendFrom);
 // TUTTI_SHM_SINGLE_COPY=1 always, =0 never. Only for payloads of at least
 // TUTTI_SHM_SINGLE_COPY_MIN bytes (a system call costs about what a few KiB of copying do), and
 // only where the sender could read the receiver's memory when the link was made.
@@ -21,6 +23,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -36,8 +39,9 @@
 // ThreadSanitizer cannot see the ordering that the FIFO counters give: each side maps the
 // segment itself, so a counter's release and acquire happen at two addresses. Data that only
 // ever moves through slots never shows it, but a single copy between threads of one process
-// reads the other thread's own buffer. Under TSAN that copy goes through process_vm_readv on
-// our own pid, which TSAN does not watch (the sanitizer build still runs the whole path).
+// reads (or, helping, writes) the other thread's own buffer. Under TSAN that copy goes through
+// process_vm_readv / process_vm_writev on our own pid, which TSAN does not watch (the
+// sanitizer build still runs the whole path).
 #if defined(__SANITIZE_THREAD__)
 constexpr bool kCopyThroughKernel = true;
 #else
@@ -69,11 +73,15 @@ static_assert(sizeof(ShmDesc) <= sizeof(Descriptor));
 // takes pieces too and writes them into the receiver's destination (process_vm_writev), so
 // that both CPUs copy instead of one while the other waits. Per slot: where the receiver wants
 // the payload (`dst`, in its address space), and `claim`: (step + 1) << 8 | pieces taken so
-// far. The receiver posts both when it starts waiting for the step (recvInto); a side takes a
-// piece with a compare-and-swap on claim, so a stale step never matches. `done` counts the
-// pieces copied; the receiver frees the slot only once all are.
+// far, 0xff once closed. The receiver posts them, and the payload size it expects (`bytes`:
+// a sender whose payload differs never writes), when it starts waiting for the step
+// (recvInto); a side takes a piece with a compare-and-swap on claim, so a stale step never
+// matches. `done` counts the pieces copied; the receiver frees the slot only once all are,
+// and a receiver that leaves a step unfinished (a failed operation) closes the claim and waits
+// for the pieces in flight, so that no sender writes into its memory after it returned.
 struct alignas(64) ShmHelp {
   std::atomic<uint64_t> dst[kSteps];
+  std::atomic<uint64_t> bytes[kSteps];
   std::atomic<uint64_t> claim[kSteps];
   std::atomic<uint32_t> done[kSteps];
 };
@@ -228,6 +236,13 @@ class ShmConnection : public Connection {
     const uint32_t pieces = pieceCount(best->bytes);
     uint64_t word = help_->claim[k].load(std::memory_order_acquire);
     if ((word >> 8) != best->tag) return false;  // the receiver has not reached this step yet
+    // A receiver expecting another size (ranks disagree on count, datatype or root) gets no
+    // byte from here: it fails on the size, with nothing of its memory overwritten.
+    if (help_->bytes[k].load(std::memory_order_relaxed) != best->bytes ||
+        fifo_.ctrl->broken.load(std::memory_order_relaxed)) {
+      best->finished = true;
+      return false;
+    }
     const uint64_t to = help_->dst[k].load(std::memory_order_relaxed);
     for (;;) {
       const uint32_t c = uint32_t(word & 0xff);
@@ -255,14 +270,19 @@ class ShmConnection : public Connection {
     }
   }
 
-  void recvInto(uint64_t step, void* dst, size_t) override {
+  void recvInto(uint64_t step, void* dst, size_t bytes) override {
     dst_ = static_cast<char*>(dst);
-    if (step == UINT64_MAX || !direct_) return;
+    if (!direct_) return;
+    if (step == UINT64_MAX) return closeClaim();
+    if (posted_ == step + 1) return;  // posted already (a failed operation's later calls)
     const size_t k = step % kSteps;
     help_->done[k].store(0, std::memory_order_relaxed);
     help_->dst[k].store(reinterpret_cast<uint64_t>(dst_ ? dst_ : fifo_.slot(step)),
                         std::memory_order_relaxed);
+    help_->bytes[k].store(bytes, std::memory_order_relaxed);
     help_->claim[k].store((step + 1) << 8, std::memory_order_release);
+    posted_ = step + 1;
+    ownFailed_ = 0;
   }
   // Receiver, after land: whether the pieces the sender took have all arrived.
   bool landed(uint64_t step) override {
@@ -296,6 +316,7 @@ class ShmConnection : public Connection {
       const size_t off = size_t(c) * piece;
       const size_t len = std::min(piece, n - off);
       if (!copyPiece(to + off, reinterpret_cast<const char*>(src) + off, len, false)) {
+        ownFailed_ = 1;
         return readFailed(len);
       }
       help_->done[k].fetch_add(1, std::memory_order_release);
@@ -305,6 +326,36 @@ class ShmConnection : public Connection {
   }
 
  private:
+  // Receiver, at the end of an operation: no piece of the last posted step may be taken from
+  // now on, and those the sender took must have arrived before this rank's buffers are the
+  // caller's again. After a completed step every piece is in already; after a failure, the
+  // sender's pieces in flight take microseconds (bounded here in case it was stopped).
+  void closeClaim() {
+    if (posted_ == 0) return;
+    const uint64_t tag = posted_;
+    posted_ = 0;
+    const size_t k = (tag - 1) % kSteps;
+    uint64_t word = help_->claim[k].load(std::memory_order_acquire);
+    uint32_t taken = 0;
+    for (;;) {
+      if ((word >> 8) != tag || (word & 0xff) == 0xff) return;
+      taken = uint32_t(word & 0xff);
+      if (help_->claim[k].compare_exchange_weak(word, (word | 0xff), std::memory_order_acq_rel)) {
+        break;
+      }
+    }
+    const uint32_t want = taken - std::min(taken, ownFailed_);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (help_->done[k].load(std::memory_order_acquire) < want) {
+      if (std::chrono::steady_clock::now() > until ||
+          (checkPid_ && !processAlive(static_cast<pid_t>(peerPid_)))) {
+        TUTTI_WARN("shm: rank %d (pid %lld) still had pieces of a payload to copy here", peer_,
+                   static_cast<long long>(peerPid_));
+        return;
+      }
+      sched_yield();
+    }
+  }
   Status readFailed(size_t n) const {
     return remoteError("shm: reading " + std::to_string(n) + " bytes from rank " +
                        std::to_string(peer_) + " (pid " + std::to_string(peerPid_) +
@@ -345,8 +396,9 @@ class ShmConnection : public Connection {
   };
   Sent sent_[kSteps];
   ShmHelp* help_ = nullptr;
-  uint32_t landPieces_ = 0;
-  // receiver: pieces of the payload land() last copied
+  uint32_t landPieces_ = 0;  // receiver: the pieces of the payload land() last took apart
+  uint64_t posted_ = 0;      // receiver: step + 1 of the claim recvInto last opened, 0: none
+  uint32_t ownFailed_ = 0;   // receiver: its pieces whose copy failed here (never done)
   bool sameProcess_ = false;
   bool adaptive_ = false;
   uint32_t directLeft_ = 0;
@@ -415,7 +467,8 @@ class ShmTransport : public Transport {
     for (auto& s : ctrl->src) s.store(0);
     auto* help = new (static_cast<char*>(base.value()) + sizeof(FifoCtrl)) ShmHelp();
     for (int k = 0; k < kSteps; ++k) {
-      help->dst[k].store(0), help->claim[k].store(0), help->done[k].store(0);
+      help->dst[k].store(0), help->bytes[k].store(0), help->claim[k].store(0);
+      help->done[k].store(0);
     }
     ctrl->broken.store(0);
     ctrl->magic = kShmMagic;
