@@ -207,11 +207,8 @@ Status Engine::runCollective(const CollArgs& op) {
   }
   if (op.kind == CollKind::kAllGather && n > 2 && count > 0) {
     if (total <= flatGatherMaxBytes_) return runFlat(op, state);
-    if ((n & (n - 1)) == 0 && total <= rdGatherMaxBytes_) {
-      return runRecursiveDoubling(op, state, false);
-    }
-    if ((n & (n - 1)) == 0 && total <= treeGatherMaxBytes_) {
-      return runRecursiveDoubling(op, state, true);
+    if ((n & (n - 1)) == 0 && total <= std::max(rdGatherMaxBytes_, treeGatherMaxBytes_)) {
+      return runRecursiveDoubling(op, state, /*tree=*/total > rdGatherMaxBytes_);
     }
   }
   transport::FifoView** sendTo = ringSend_;

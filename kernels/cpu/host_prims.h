@@ -116,14 +116,7 @@ class HostPrims {
     if (recvDirect_) recvFrom_->conn->recvInto(UINT64_MAX, nullptr, 0);
     if (!sentDirect_) return;
     transport::FifoView& f = *sendTo_;
-    // While the receiver copies from this rank's buffers, copy a share of it (shm single copy).
-    w_->until(
-        [&] {
-          if (f.ctrl->head.load(std::memory_order_acquire) >= f.step) return true;
-          f.conn->help();
-          return f.ctrl->head.load(std::memory_order_acquire) >= f.step;
-        },
-        f, Waiter::Dir::kSend);
+    untilSent([&] { return f.ctrl->head.load(std::memory_order_acquire) >= f.step; });
   }
 
  private:
@@ -138,18 +131,24 @@ class HostPrims {
     postSend(n);
   }
 
-  T* acquireSend() {
+  // Waits on the send side until ready(). Meanwhile, once this operation has sent from its
+  // buffers by address, copies a share of what the receiver copies from them (shm).
+  template <class Ready>
+  bool untilSent(Ready ready) {
     transport::FifoView& f = *sendTo_;
-    auto free = [&] {
-      return f.ctrl->head.load(std::memory_order_acquire) + transport::kSteps > f.step;
-    };
-    bool ok = w_->until(
+    return w_->until(
         [&] {
-          if (free()) return true;
-          if (sentDirect_) f.conn->help();  // a share of the receiver's copy, meanwhile
-          return free();
+          if (ready()) return true;
+          if (sentDirect_) f.conn->help();
+          return ready();
         },
         f, Waiter::Dir::kSend);
+  }
+
+  T* acquireSend() {
+    transport::FifoView& f = *sendTo_;
+    bool ok = untilSent(
+        [&] { return f.ctrl->head.load(std::memory_order_acquire) + transport::kSteps > f.step; });
     return ok ? reinterpret_cast<T*>(f.slot(f.step)) : nullptr;
   }
   void postSend(int n) {

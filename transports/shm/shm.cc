@@ -10,10 +10,10 @@
 // sender both take (ShmHelp), instead of the sender copying in and the receiver copying out.
 // By default adaptive: a big payload goes through the slots while copying into them runs
 // fast, and by single copy for a while once the median of 8 such copies ran slow
-// (ShmConnection::sendFrom);
-// TUTTI_SHM_SINGLE_COPY=1 always, =0 never. Only for payloads of at least
-// TUTTI_SHM_SINGLE_COPY_MIN bytes (a system call costs about what a few KiB of copying do), and
-// only where the sender could read the receiver's memory when the link was made.
+// (ShmConnection::sendFrom); TUTTI_SHM_SINGLE_COPY=1 always, =0 never. Only for payloads of
+// at least TUTTI_SHM_SINGLE_COPY_MIN bytes (a system call costs about what a few KiB of
+// copying do), and only where the sender could read the receiver's memory when the link was
+// made.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -224,7 +224,6 @@ class ShmConnection : public Connection {
   // Sender, while it waits: copies one piece of a payload it sent by address that the
   // receiver is waiting for. True when it copied something.
   bool help() override {
-    if (!direct_) return false;
     const uint64_t head = fifo_.ctrl->head.load(std::memory_order_acquire);
     Sent* best = nullptr;
     for (Sent& e : sent_) {
@@ -244,30 +243,25 @@ class ShmConnection : public Connection {
       return false;
     }
     const uint64_t to = help_->dst[k].load(std::memory_order_relaxed);
-    for (;;) {
-      const uint32_t c = uint32_t(word & 0xff);
-      if (c >= pieces) {
-        best->finished = true;
-        return false;
-      }
-      if (help_->claim[k].compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) {
-        const size_t piece = pieceBytes(best->bytes);
-        const size_t off = size_t(c) * piece;
-        const size_t n = std::min(piece, best->bytes - off);
-        if (!copyPiece(reinterpret_cast<char*>(to) + off, best->src + off, n, true)) {
-          // The piece is lost: the receiver must not wait for it. The same permission let
-          // the probe at setup read this peer, so only a receiver that is exiting gets here.
-          TUTTI_WARN("shm: writing %zu bytes to rank %d (pid %lld) failed: %s", n, peer_,
-                     static_cast<long long>(peerPid_), strerror(errno));
-          breakLink();
-          best->finished = true;
-          return false;
-        }
-        help_->done[k].fetch_add(1, std::memory_order_release);
-        return true;
-      }
-      if ((word >> 8) != best->tag) return false;
+    const int c = takePiece(k, best->tag, pieces);
+    if (c < 0) {  // every piece taken (or the receiver has moved on)
+      best->finished = true;
+      return false;
     }
+    const size_t piece = pieceBytes(best->bytes);
+    const size_t off = size_t(c) * piece;
+    const size_t n = std::min(piece, best->bytes - off);
+    if (!copyPiece(reinterpret_cast<char*>(to) + off, best->src + off, n, true)) {
+      // The piece is lost: the receiver must not wait for it. The same permission let the
+      // probe at setup read this peer, so only a receiver that is exiting gets here.
+      TUTTI_WARN("shm: writing %zu bytes to rank %d (pid %lld) failed: %s", n, peer_,
+                 static_cast<long long>(peerPid_), strerror(errno));
+      breakLink();
+      best->finished = true;
+      return false;
+    }
+    help_->done[k].fetch_add(1, std::memory_order_release);
+    return true;
   }
 
   void recvInto(uint64_t step, void* dst, size_t bytes) override {
@@ -300,19 +294,14 @@ class ShmConnection : public Connection {
     char* to = dst_ ? dst_ : fifo_.slot(step);
     *inDst = dst_ != nullptr;
     const size_t k = step % kSteps;
-    uint64_t word = help_->claim[k].load(std::memory_order_acquire);
-    if ((word >> 8) != step + 1) {  // not posted by recvInto: nobody helps, copy it all
+    if ((help_->claim[k].load(std::memory_order_acquire) >> 8) != step + 1) {
+      // Not posted by recvInto: nobody helps, copy it all.
       if (!copyPiece(to, reinterpret_cast<const char*>(src), n, false)) return readFailed(n);
       return Status::Ok();
     }
     const size_t piece = pieceBytes(n);
     landPieces_ = pieceCount(n);
-    for (;;) {
-      const uint32_t c = uint32_t(word & 0xff);
-      if ((word >> 8) != step + 1 || c >= landPieces_) break;
-      if (!help_->claim[k].compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) {
-        continue;
-      }
+    for (int c; (c = takePiece(k, step + 1, landPieces_)) >= 0;) {
       const size_t off = size_t(c) * piece;
       const size_t len = std::min(piece, n - off);
       if (!copyPiece(to + off, reinterpret_cast<const char*>(src) + off, len, false)) {
@@ -320,12 +309,23 @@ class ShmConnection : public Connection {
         return readFailed(len);
       }
       help_->done[k].fetch_add(1, std::memory_order_release);
-      word = help_->claim[k].load(std::memory_order_acquire);
     }
     return Status::Ok();
   }
 
  private:
+  // Takes the next of the `pieces` pieces of step tag - 1 in slot k: its index, or -1 when none
+  // is left (all taken, the claim closed, or the slot on another step).
+  int takePiece(size_t k, uint64_t tag, uint32_t pieces) {
+    uint64_t word = help_->claim[k].load(std::memory_order_acquire);
+    for (;;) {
+      const uint32_t c = uint32_t(word & 0xff);
+      if ((word >> 8) != tag || c >= pieces) return -1;
+      if (help_->claim[k].compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) {
+        return int(c);
+      }
+    }
+  }
   // Receiver, at the end of an operation: no piece of the last posted step may be taken from
   // now on, and those the sender took must have arrived before this rank's buffers are the
   // caller's again. After a completed step every piece is in already; after a failure, the
