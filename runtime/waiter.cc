@@ -42,14 +42,21 @@ void Waiter::nap() {
   nanosleep(&ts, nullptr);
 }
 
+std::string Waiter::where(const transport::FifoView& f, const char* dir) const {
+  return "rank " + std::to_string(op_->comm().rank()) + ": " + op_->what() + ", " + dir + " rank " +
+         std::to_string(f.peer) + " (channel " + std::to_string(f.channel) + ")";
+}
+
+void Waiter::failAt(const transport::FifoView& f, Dir d, const Status& s) {
+  op_->fail(Status(
+      s.code(), where(f, d == Dir::kSend ? "sending to" : "receiving from") + ": " + s.message()));
+}
+
 Status Waiter::problem(const transport::FifoView& f, const char* dir, Clock::time_point* since) {
   if (op_->failed()) return op_->status();
   const Comm& comm = op_->comm();
-  // Built only when something failed: this runs often while a rank waits.
-  auto where = [&] {
-    return "rank " + std::to_string(comm.rank()) + ": " + op_->what() + ", " + dir + " rank " +
-           std::to_string(f.peer) + " (channel " + std::to_string(f.channel) + ")";
-  };
+  // Messages are built only when something failed: this runs often while a rank waits.
+  auto where = [&] { return this->where(f, dir); };
   if (comm.aborted()) {
     return internalError(where() + ": the communicator was aborted (ncclCommAbort)");
   }

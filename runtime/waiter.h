@@ -177,8 +177,12 @@ class Waiter {
   }
   // The same, without recording the failure: the caller may still find its data arrived.
   Status problem(const transport::FifoView& f, const char* dir, Clock::time_point* since);
+  std::string where(const transport::FifoView& f, const char* dir) const;
   bool failed() const { return op_->failed(); }
   void fail(const Status& s) { op_->fail(s); }
+  // Fails the operation with s, prefixed as a failed wait's message is: "rank 1: ncclBroadcast
+  // seq 0 (...), receiving from rank 0 (channel 0): ".
+  void failAt(const transport::FifoView& f, Dir d, const Status& s);
   OpState* op() const { return op_; }
 
  private:

@@ -178,7 +178,7 @@ class HostPrims {
     if (recvDirect_) {
       Status s = f.conn->land(f.step, &landed_);
       if (!s.ok()) {
-        w_->fail(s);
+        w_->failAt(f, Waiter::Dir::kRecv, s);
         return nullptr;
       }
       // Pieces the sender took are still on their way.

@@ -70,6 +70,33 @@ TEST(Faults, KilledPeerOverTcpGivesRemoteError) {
       << r.output;
 }
 
+// A payload sent by address (shm single copy) that cannot be copied: rank 1 receives a
+// broadcast into memory it may only read. Both ranks fail promptly, and each names the copy
+// that failed (which rank, which call, the errno), not only that the other rank left.
+TEST(Faults, AFailedSingleCopyIsNamedOnBothRanks) {
+  RunResult r = runShell(
+      "export TUTTI_SHM_SINGLE_COPY=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=0 "
+      "TUTTI_TIMEOUT=30 TUTTI_PORT=$(python3 -c 'import socket; s=socket.socket(); "
+      "s.bind((\"127.0.0.1\",0)); print(s.getsockname()[1])'); "
+      "d=$(mktemp -d); "
+      "for r in 0 1; do RANK=$r " +
+      rankBin() +
+      " readonly >$d/$r.log 2>&1 & eval p$r=$!; done; "
+      "wait $p0; a=$?; wait $p1; b=$?; cat $d/0.log $d/1.log; echo codes $a $b; rm -rf $d");
+  EXPECT_NE(r.output.find("codes 0 0"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 20.0) << r.output;
+  int named = 0;
+  for (size_t at = r.output.find("readonly: "); at != std::string::npos;
+       at = r.output.find("readonly: ", at + 1)) {
+    const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+    EXPECT_NE(line.find("process_vm_"), std::string::npos) << line;
+    EXPECT_NE(line.find("Bad address"), std::string::npos) << line;
+    EXPECT_EQ(line.find("left the operation"), std::string::npos) << line;
+    ++named;
+  }
+  EXPECT_EQ(named, 2) << r.output;
+}
+
 // One AllReduce on both ranks connects them; then rank 0 enters a second one alone.
 class AbortTest : public ::testing::TestWithParam<const char*> {};
 

@@ -7,7 +7,11 @@
 //   loop         init, then AllReduce 4 MiB again and again until one fails (a peer was
 //                killed): prints "survivor: <result>: <message>" and exits 0 when the error
 //                is ncclRemoteError and ncclCommGetAsyncError agrees, else 1
+//   readonly     2 ranks: rank 0 broadcasts 4 MiB into memory rank 1 may only read (shm
+//                single copy fails there): prints "readonly: <result>: <message>" and exits 0
+//                when the broadcast failed, 1 when it did not
 // Prints "ok" and exits 0 on success, else prints the error and exits 1.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -104,6 +108,18 @@ int main(int argc, char** argv) {
     if (!bad.empty()) return 1;
     printf("matrix: %zu cases passed on rank %d\n", tutti::test::matrixCases(size, fifo).size(),
            rank);
+  }
+  if (mode == "readonly") {
+    const size_t bytes = 4 << 20;
+    void* buf = mmap(nullptr, bytes, rank == 0 ? PROT_READ | PROT_WRITE : PROT_READ,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) return failWith("mmap", comm);
+    if (rank == 0) memset(buf, 7, bytes);
+    ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclChar, 0, comm, nullptr);
+    printf("readonly: %s: %s\n", ncclGetErrorString(r), ncclGetLastError(comm));
+    fflush(stdout);
+    ncclCommAbort(comm);
+    return r == ncclSuccess ? 1 : 0;
   }
   if (mode == "loop") {
     std::vector<float> buf(1 << 20, 1.0f);

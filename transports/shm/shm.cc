@@ -53,6 +53,11 @@ namespace {
 
 constexpr uint32_t kShmMagic = 0x73686d31;  // "shm1"
 
+// FifoCtrl::broken here: the reason in the low byte, an errno above it.
+constexpr uint32_t kBrokenLeft = 1;   // the peer's communicator failed or was aborted
+constexpr uint32_t kBrokenWrite = 2;  // the sender's process_vm_writev into the receiver failed
+constexpr uint32_t kBrokenRead = 3;   // the receiver's process_vm_readv from the sender failed
+
 struct ShmDesc {
   char name[64];
   uint64_t bytes;
@@ -102,15 +107,16 @@ size_t segmentBytes(size_t slotBytes) { return kHeader + kSteps * slotBytes; }
 
 class ShmConnection : public Connection {
  public:
-  ShmConnection(const ConnSpec& spec, void* base, size_t bytes, std::string name, bool owner,
-                int64_t peerPid, bool checkPid)
+  ShmConnection(const ConnSpec& spec, int self, void* base, size_t bytes, std::string name,
+                bool owner, int64_t peerPid, bool checkPid)
       : base_(base),
         bytes_(bytes),
         name_(std::move(name)),
         owner_(owner),
         peerPid_(peerPid),
         checkPid_(checkPid),
-        peer_(spec.peer) {
+        peer_(spec.peer),
+        self_(self) {
     fifo_.ctrl = static_cast<FifoCtrl*>(base);
     help_ = reinterpret_cast<ShmHelp*>(static_cast<char*>(base) + sizeof(FifoCtrl));
     fifo_.slots = static_cast<char*>(base) + kHeader;
@@ -125,9 +131,20 @@ class ShmConnection : public Connection {
     munmap(base_, bytes_);
   }
   Status health() const override {
-    if (fifo_.ctrl->broken.load(std::memory_order_acquire)) {
-      return remoteError("rank " + std::to_string(peer_) +
-                         " left the operation (its communicator failed or was aborted)");
+    if (const uint32_t why = fifo_.ctrl->broken.load(std::memory_order_acquire)) {
+      if ((why & 0xff) == kBrokenLeft) {
+        return remoteError("rank " + std::to_string(peer_) +
+                           " left the operation (its communicator failed or was aborted)");
+      }
+      // A single copy failed: both sides say which rank copied and why.
+      const bool wrote = (why & 0xff) == kBrokenWrite;
+      const int sender = owner_ ? peer_ : self_, receiver = owner_ ? self_ : peer_;
+      return remoteError(
+          "shm: rank " + std::to_string(wrote ? sender : receiver) + " could not copy a payload " +
+          (wrote ? "into rank " + std::to_string(receiver) + "'s buffer (process_vm_writev"
+                 : "from rank " + std::to_string(sender) + "'s buffer (process_vm_readv") +
+          ": " + strerror(int(why >> 8)) +
+          "; is a buffer unmapped or read-only?) (TUTTI_SHM_SINGLE_COPY=0 turns single copy off)");
     }
     // A peer process that died cannot say so: check that it still exists (and is not a
     // zombie its parent has yet to reap). Only meaningful inside one pid namespace.
@@ -151,6 +168,7 @@ class ShmConnection : public Connection {
     return !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
   }
   const char* transportName() const override { return "shm"; }
+  void breakLink() override { markBroken(kBrokenLeft, 0); }
 
   // minBytes: the smallest payload sent by single copy; 0 disables it (sender side).
   // adaptive: payloads of minBytes or more still go through the slots while copying into a
@@ -253,10 +271,11 @@ class ShmConnection : public Connection {
     const size_t n = std::min(piece, best->bytes - off);
     if (!copyPiece(reinterpret_cast<char*>(to) + off, best->src + off, n, true)) {
       // The piece is lost: the receiver must not wait for it. The same permission let the
-      // probe at setup read this peer, so only a receiver that is exiting gets here.
+      // probe at setup read this peer, so only a receiver that is exiting, or one whose
+      // buffer cannot be written (unmapped, read-only), gets here.
       TUTTI_WARN("shm: writing %zu bytes to rank %d (pid %lld) failed: %s", n, peer_,
                  static_cast<long long>(peerPid_), strerror(errno));
-      breakLink();
+      markBroken(kBrokenWrite, errno);
       best->finished = true;
       return false;
     }
@@ -347,6 +366,8 @@ class ShmConnection : public Connection {
     const uint32_t want = taken - std::min(taken, ownFailed_);
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     while (help_->done[k].load(std::memory_order_acquire) < want) {
+      // A sender whose copy failed never finishes that piece, and takes no other.
+      if ((fifo_.ctrl->broken.load(std::memory_order_acquire) & 0xff) == kBrokenWrite) return;
       if (std::chrono::steady_clock::now() > until ||
           (checkPid_ && !processAlive(static_cast<pid_t>(peerPid_)))) {
         TUTTI_WARN("shm: rank %d (pid %lld) still had pieces of a payload to copy here", peer_,
@@ -356,7 +377,11 @@ class ShmConnection : public Connection {
       sched_yield();
     }
   }
-  Status readFailed(size_t n) const {
+  // The peer learns why: health() there reports the failed copy, not only that this rank left.
+  Status readFailed(size_t n) {
+    const int err = errno;
+    markBroken(kBrokenRead, err);
+    errno = err;
     return remoteError("shm: reading " + std::to_string(n) + " bytes from rank " +
                        std::to_string(peer_) + " (pid " + std::to_string(peerPid_) +
                        ") with process_vm_readv failed: " + strerror(errno) +
@@ -385,6 +410,14 @@ class ShmConnection : public Connection {
       done += size_t(got);
     }
     return true;
+  }
+
+  // The first reason recorded wins: a failed copy, then the communicator's failure
+  // (breakLink) that follows it, must leave the copy's errno for the peer to report.
+  void markBroken(uint32_t kind, int err) {
+    uint32_t none = 0;
+    fifo_.ctrl->broken.compare_exchange_strong(none, kind | (uint32_t(err) << 8),
+                                               std::memory_order_acq_rel);
   }
 
   // Sender: a payload sent by address, until the receiver has taken every piece.
@@ -416,6 +449,7 @@ class ShmConnection : public Connection {
   int64_t peerPid_;
   bool checkPid_;  // another process in our pid namespace
   int peer_;
+  int self_;
 };
 
 class ShmTransport : public Transport {
@@ -476,8 +510,8 @@ class ShmTransport : public Transport {
     d.probeValue = kProbeValue;
     memcpy(out->bytes, &d, sizeof(d));
     const PeerInfo& p = comm_.peers()[static_cast<size_t>(spec.peer)];
-    auto conn = std::make_unique<ShmConnection>(spec, base.value(), d.bytes, d.name, true, p.pid,
-                                                checkPid(p));
+    auto conn = std::make_unique<ShmConnection>(spec, comm_.rank(), base.value(), d.bytes, d.name,
+                                                true, p.pid, checkPid(p));
     // The receiving side copies whatever slots the sender publishes by address.
     if (singleCopy_) {
       conn->enableSingleCopy(sameProcess(p), 0, senderMinBytes(sameProcess(p)), false, slowGBps_);
@@ -509,8 +543,8 @@ class ShmTransport : public Transport {
     }
     prefaultSlots(static_cast<char*>(base.value()) + kHeader, d.slotBytes);
     const PeerInfo& p = comm_.peers()[static_cast<size_t>(spec.peer)];
-    auto conn = std::make_unique<ShmConnection>(spec, base.value(), d.bytes, d.name, false, p.pid,
-                                                checkPid(p));
+    auto conn = std::make_unique<ShmConnection>(spec, comm_.rank(), base.value(), d.bytes, d.name,
+                                                false, p.pid, checkPid(p));
     if (singleCopy_) {
       const bool same = sameProcess(p);
       if (same || (checkPid(p) && canReach(p, d))) {
