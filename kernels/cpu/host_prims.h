@@ -160,7 +160,9 @@ class HostPrims {
   // dst: where the payload should go if the transport can put it there (landed_ says).
   const T* acquireRecv(int n, T* dst = nullptr) {
     transport::FifoView& f = *recvFrom_;
-    if (recvDirect_) f.conn->recvInto(f.step, dst, size_t(n) * sizeof(T));
+    // Below the sender's direct minimum the payload is in the slot: nothing to post or land.
+    const bool direct = recvDirect_ && big(n, recvMin_);
+    if (direct) f.conn->recvInto(f.step, dst, size_t(n) * sizeof(T));
     bool ok = w_->until([&] { return f.ctrl->tail.load(std::memory_order_acquire) > f.step; }, f,
                         Waiter::Dir::kRecv);
     if (!ok) return nullptr;
@@ -175,7 +177,7 @@ class HostPrims {
       return nullptr;
     }
     landed_ = false;
-    if (recvDirect_) {
+    if (direct) {
       Status s = f.conn->land(f.step, &landed_);
       if (!s.ok()) {
         w_->failAt(f, Waiter::Dir::kRecv, s);

@@ -130,7 +130,8 @@ TEST_P(ProcessMatrix, EveryCollectiveMatchesTheOracle) {
       std::string("NCCL_BUFFSIZE=8192 TUTTI_TIMEOUT=60 NCCL_SHM_DISABLE=") +
       (std::string(s.transport) == "tcp" ? "1" : "0") +
       // 3 processes: two channels, and shm single copy (process_vm_readv) for
-      // every slot of 256 bytes or more instead of only for big ones.
+      // every slot of 256 bytes or more instead of only for big ones -- except from rank 1,
+      // whose minimum is 1 MiB: each receiver goes by its sender's minimum, not its own.
       (s.nranks == 3 ? " NCCL_MIN_NCHANNELS=2 TUTTI_SHM_SINGLE_COPY=1 TUTTI_SHM_SINGLE_COPY_MIN=256"
                      : "") +
       // 8 processes: adaptive single copy told that every slot copy is slow, so that each
@@ -138,8 +139,11 @@ TEST_P(ProcessMatrix, EveryCollectiveMatchesTheOracle) {
       (s.nranks == 8 && std::string(s.transport) == "shm"
            ? " TUTTI_SHM_SLOW_GBPS=1000000 TUTTI_SHM_SINGLE_COPY_MIN=256"
            : "");
-  RunResult r = runShell(env + " " + runBin() + " -n " + std::to_string(s.nranks) + " " +
-                         rankBin() + " coll");
+  const std::string rank =
+      s.nranks == 3 ? "sh -c '[ $RANK = 1 ] && export TUTTI_SHM_SINGLE_COPY_MIN=1048576; exec " +
+                          rankBin() + " coll'"
+                    : rankBin() + " coll";
+  RunResult r = runShell(env + " " + runBin() + " -n " + std::to_string(s.nranks) + " " + rank);
   EXPECT_EQ(r.exitCode, 0) << r.output;
   int passed = 0;
   for (size_t p = r.output.find("matrix: "); p != std::string::npos;

@@ -89,6 +89,11 @@ struct alignas(64) ShmHelp {
   std::atomic<uint64_t> bytes[kSteps];
   std::atomic<uint64_t> claim[kSteps];
   std::atomic<uint32_t> done[kSteps];
+  // The smallest payload the sender sends by address (UINT64_MAX: none), published when it
+  // connects (0 until then: any may be). The receiver takes the plain path below it without
+  // posting a claim (4 stores to these lines) or looking for an address, whatever its own
+  // TUTTI_SHM_SINGLE_COPY_MIN says.
+  alignas(64) std::atomic<uint64_t> senderMin;
 };
 constexpr size_t kHeader = sizeof(FifoCtrl) + sizeof(ShmHelp);
 
@@ -170,22 +175,32 @@ class ShmConnection : public Connection {
   const char* transportName() const override { return "shm"; }
   void breakLink() override { markBroken(kBrokenLeft, 0); }
 
-  // minBytes: the smallest payload sent by single copy; 0 disables it (sender side).
+  // minBytes: the smallest payload sent by single copy; 0 on the receiving side, which
+  // learns the sender's from ShmHelp::senderMin (directMinBytes) and takes the plain paths
+  // below it.
   // adaptive: payloads of minBytes or more still go through the slots while copying into a
   // slot runs fast, and by single copy for the next kDirectSteps steps once the median of
   // kWindow copies ran slower than slowGBps.
-  // directMin: the sender's minBytes, on both sides (the receiver's paths for smaller payloads
-  // stay the plain ones).
-  void enableSingleCopy(bool sameProcess, size_t minBytes, size_t directMin, bool adaptive,
-                        double slowGBps) {
+  void enableSingleCopy(bool sameProcess, size_t minBytes, bool adaptive, double slowGBps) {
     sameProcess_ = sameProcess;
     minBytes_ = minBytes;
-    directMin_ = directMin;
+    directMin_ = minBytes;
     adaptive_ = adaptive;
     slowBytesPerNs_ = slowGBps;
     direct_ = true;
   }
-  size_t directMinBytes() const override { return directMin_; }
+  size_t directMinBytes() const override {
+    if (!owner_ || directMin_ != 0) return directMin_;
+    // Receiver: the sender's figure, kept here once published (its line, touched by no one
+    // after setup, still drops out of cache between operations when ranks share a core).
+    const uint64_t v = help_->senderMin.load(std::memory_order_acquire);
+    if (v != 0) directMin_ = size_t(v);
+    return size_t(v);
+  }
+  // Sender: tells the receiver the smallest payload this side may send by address.
+  void publishSenderMin(uint64_t bytes) {
+    help_->senderMin.store(bytes, std::memory_order_release);
+  }
   bool directPaysIntoSlot() const override { return false; }
   // Whether payloads of minBytes or more go by single copy now (sender side).
   bool bigByAddress() const override { return minBytes_ != 0 && (!adaptive_ || directLeft_ > 0); }
@@ -435,7 +450,7 @@ class ShmConnection : public Connection {
   bool sameProcess_ = false;
   bool adaptive_ = false;
   uint32_t directLeft_ = 0;
-  size_t directMin_ = 0;
+  mutable size_t directMin_ = 0;
   double slowBytesPerNs_ = 5.0;
   double rates_[kWindow] = {};  // the last copies' rates, bytes per ns (adaptive)
   uint32_t nRates_ = 0;
@@ -504,6 +519,7 @@ class ShmTransport : public Transport {
       help->dst[k].store(0), help->bytes[k].store(0), help->claim[k].store(0);
       help->done[k].store(0);
     }
+    help->senderMin.store(0);
     ctrl->broken.store(0);
     ctrl->magic = kShmMagic;
     d.probeAddr = reinterpret_cast<uint64_t>(&kProbeValue);
@@ -514,7 +530,7 @@ class ShmTransport : public Transport {
                                                 true, p.pid, checkPid(p));
     // The receiving side copies whatever slots the sender publishes by address.
     if (singleCopy_) {
-      conn->enableSingleCopy(sameProcess(p), 0, senderMinBytes(sameProcess(p)), false, slowGBps_);
+      conn->enableSingleCopy(sameProcess(p), 0, false, slowGBps_);
     }
     return std::unique_ptr<Connection>(std::move(conn));
   }
@@ -545,16 +561,18 @@ class ShmTransport : public Transport {
     const PeerInfo& p = comm_.peers()[static_cast<size_t>(spec.peer)];
     auto conn = std::make_unique<ShmConnection>(spec, comm_.rank(), base.value(), d.bytes, d.name,
                                                 false, p.pid, checkPid(p));
+    uint64_t byAddress = UINT64_MAX;
     if (singleCopy_) {
       const bool same = sameProcess(p);
       if (same || (checkPid(p) && canReach(p, d))) {
-        conn->enableSingleCopy(same, senderMinBytes(same), senderMinBytes(same), adaptive_,
-                               slowGBps_);
+        byAddress = senderMinBytes(same);
+        conn->enableSingleCopy(same, byAddress, adaptive_, slowGBps_);
       } else {
         TUTTI_INFO(log::kInit, "rank %d -> rank %d: shm without single copy (cannot read pid %lld)",
                    comm_.rank(), spec.peer, static_cast<long long>(p.pid));
       }
     }
+    conn->publishSenderMin(byAddress);
     return std::unique_ptr<Connection>(std::move(conn));
   }
 
