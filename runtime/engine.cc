@@ -72,6 +72,7 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     crowded |= over;
     if (p.rank == comm.rank()) oversubscribed = over;
   }
+  crowded_ = crowded;
   size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
   size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0;
   if (crowded) {
@@ -85,6 +86,13 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // all were within each other's noise (51-107): the ring stays.
     flatGatherDefault = anyNet || comm.nranks() > 8 ? 0 : 16 << 10;
     treeGatherDefault = anyNet && comm.nranks() >= 8 ? 256 << 10 : 0;
+    // Over shm, doubling above the flat exchange, every block sent by address (single copy:
+    // RdLinks::gatherByAddress): each byte is copied once, where the ring through slots copies
+    // it twice, and the cores are what is short. 8 ranks on 2 cores, 3-4 interleaved runs,
+    // medians, us: 32 KiB doubling 37, ring 48, Open MPI 68; 128 KiB 92, 96, 125; 256 KiB
+    // 169, 214, 211; 2 MiB 1103, 1314, 1061; 16 MiB 15035, 14205, 13998. With 4 ranks the ring
+    // stays (256 KiB: ring 60, doubling 91, Open MPI 85; 2 MiB 667, 687, 547).
+    rdGatherDefault = anyNet || comm.nranks() < 8 ? 0 : size_t(1) << 62;
   }
   flatMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_MAX_BYTES", int64_t(flatDefault)));
   flatGatherMaxBytes_ = static_cast<size_t>(
@@ -308,6 +316,7 @@ Status Engine::runRecursiveDoubling(const CollArgs& op, OpState& state, bool tre
       rdLinks_.send[k] = comm_.links().send(algo::rdPartner(r, k), 0);
       rdLinks_.recv[k] = comm_.links().recv(algo::rdPartner(r, k), 0);
     }
+    rdLinks_.gatherByAddress = crowded_;
     rdReady_ = true;
   }
   Waiter w(&state);

@@ -144,8 +144,11 @@ class Connection {
   uint32_t unseenRest = 0;
   // Sender: the payload of `step` (not yet published) is `bytes` at `src`. Returns false when
   // the transport copied it into the slot now; true when it keeps using src, which must then
-  // stay valid and unchanged until head passes step.
-  virtual bool sendFrom(uint64_t step, const void* src, size_t bytes) {
+  // stay valid and unchanged until head passes step. byAddress: send by address whenever the
+  // transport can (shm: from its single-copy minimum, whatever state the adaptive choice is
+  // in), for algorithms in which copying through a slot doubles the work.
+  virtual bool sendFrom(uint64_t step, const void* src, size_t bytes, bool byAddress) {
+    (void)byAddress;
     memcpy(fifo_.slot(step), src, bytes);
     return false;
   }

@@ -30,6 +30,9 @@ class HostPrims {
     if (recvDirect_) recvMin_ = recvFrom->conn->directMinBytes();
   }
 
+  // Sends that go by address go so whenever the transport can (Connection::sendFrom).
+  void preferAddress() { byAddress_ = true; }
+
   void send(size_t inOff, int n) {
     if (sendInputDirect_ && big(n, sendMin_)) return postDirect(in_ + inOff, n);
     T* s = acquireSend();
@@ -127,7 +130,7 @@ class HostPrims {
 
   void postDirect(const T* src, int n) {
     if (!acquireSend()) return;
-    sentDirect_ |= sendTo_->conn->sendFrom(sendTo_->step, src, size_t(n) * sizeof(T));
+    sentDirect_ |= sendTo_->conn->sendFrom(sendTo_->step, src, size_t(n) * sizeof(T), byAddress_);
     postSend(n);
   }
 
@@ -205,6 +208,7 @@ class HostPrims {
   bool sendDirect_ = false, sendInputDirect_ = false, recvDirect_ = false;
   size_t sendMin_ = 0, recvMin_ = 0;
   bool sentDirect_ = false;
+  bool byAddress_ = false;
   bool landed_ = false;  // the last acquireRecv's payload is already in its dst
 };
 

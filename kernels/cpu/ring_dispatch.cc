@@ -248,9 +248,12 @@ void runRdAllGather(const CollArgs& op, size_t bytes, int rank, int n, const RdL
   if (in != out + size_t(rank) * bytes) memcpy(out + size_t(rank) * bytes, in, bytes);
   // Moves [sendAt, +len) to `to` and [recvAt, +len) from `from` (either may be null), a slot
   // at a time, sends and receives interleaved so that two partners never both wait to send.
+  // Sends may go by address: every block of the output is written once, before it is sent,
+  // and finish() waits until what was sent has left.
   auto stage = [&](transport::FifoView* to, size_t sendAt, transport::FifoView* from, size_t recvAt,
                    size_t len) {
-    HostPrims<uint8_t, CopyOnly> p(to, from, out, out, CopyOnly{}, w, /*directSend=*/false);
+    HostPrims<uint8_t, CopyOnly> p(to, from, out, out, CopyOnly{}, w);
+    if (links.gatherByAddress) p.preferAddress();
     const size_t chunk = std::max<size_t>(1, (to ? to : from)->slotBytes);
     for (size_t at = 0; at < len; at += chunk) {
       const int m = static_cast<int>(std::min(chunk, len - at));

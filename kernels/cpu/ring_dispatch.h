@@ -26,6 +26,9 @@ struct RdLinks {
   transport::FifoView *foldSend = nullptr, *foldRecv = nullptr;
   transport::FifoView* send[32] = {};
   transport::FifoView* recv[32] = {};
+  // All-gathers send every block by address where the transport can (shm single copy),
+  // whatever the adaptive choice says: set where ranks share cores (Engine).
+  bool gatherByAddress = false;
 };
 // tree: the binomial tree's reduce and broadcast over the same links instead.
 void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLinks& links, bool tree,

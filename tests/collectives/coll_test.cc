@@ -396,7 +396,7 @@ TEST(SingleCopy, TheSenderCopiesPiecesOfTheReceiversCopyWhileItWaits) {
     for (size_t i = 0; i < bytes; ++i) src[i] = char(i * 131 + size_t(helped)), dst[i] = 0;
     ASSERT_EQ(sf.step, rf.step);
     const uint64_t step = sf.step;
-    ASSERT_TRUE(sf.conn->sendFrom(step, src.data(), bytes));  // by address
+    ASSERT_TRUE(sf.conn->sendFrom(step, src.data(), bytes, false));  // by address
     sf.ctrl->sizes[step % tr::kSteps].store(bytes);
     tr::postTail(sf);
     EXPECT_FALSE(sf.conn->help()) << "the receiver has not asked for the step yet";
@@ -419,7 +419,7 @@ TEST(SingleCopy, TheSenderCopiesPiecesOfTheReceiversCopyWhileItWaits) {
     SCOPED_TRACE(mismatch ? "size mismatch" : "claim closed");
     const uint64_t step = sf.step;
     for (size_t i = 0; i < bytes; ++i) src[i] = char(i * 7 + size_t(mismatch)), dst[i] = 0;
-    ASSERT_TRUE(sf.conn->sendFrom(step, src.data(), bytes));
+    ASSERT_TRUE(sf.conn->sendFrom(step, src.data(), bytes, false));
     sf.ctrl->sizes[step % tr::kSteps].store(bytes);
     tr::postTail(sf);
     size_t written = 0;

@@ -220,10 +220,10 @@ class ShmConnection : public Connection {
   // verdict takes about kSteps of them.
   static constexpr uint32_t kDirectSteps = 512;
   static constexpr uint32_t kWindow = 8;
-  bool sendFrom(uint64_t step, const void* src, size_t bytes) override {
+  bool sendFrom(uint64_t step, const void* src, size_t bytes, bool byAddress) override {
     const size_t k = step % kSteps;
     const bool big = minBytes_ != 0 && bytes >= minBytes_;
-    if (!big || (adaptive_ && directLeft_ == 0)) {
+    if (!big || (adaptive_ && directLeft_ == 0 && !byAddress)) {
       if (big) {  // adaptive: time the copy, it says which state the machine is in
         timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
@@ -248,7 +248,7 @@ class ShmConnection : public Connection {
       fifo_.ctrl->src[k].store(0, std::memory_order_relaxed);
       return false;
     }
-    if (adaptive_) --directLeft_;
+    if (adaptive_ && directLeft_ > 0) --directLeft_;
     fifo_.ctrl->src[k].store(reinterpret_cast<uint64_t>(src), std::memory_order_relaxed);
     sent_[k] = Sent{step + 1, static_cast<const char*>(src), bytes, false};
     return true;
