@@ -74,7 +74,7 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   }
   crowded_ = crowded;
   size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
-  size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0;
+  size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0, flatBcastDefault = 0;
   if (crowded) {
     rdDefault = anyNet ? (comm.nranks() >= 8 ? 0 : 256 << 10) : 16 << 10;
     treeDefault = anyNet ? 256 << 10 : 128 << 10;
@@ -93,6 +93,10 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // 169, 214, 211; 2 MiB 1103, 1314, 1061; 16 MiB 15035, 14205, 13998. With 4 ranks the ring
     // stays (256 KiB: ring 60, doubling 91, Open MPI 85; 2 MiB 667, 687, 547).
     rdGatherDefault = anyNet || comm.nranks() < 8 ? 0 : size_t(1) << 62;
+    // Broadcasts over shm from 64 KiB (where single copy starts): flat, the root's buffer read
+    // by every receiver at once (by address), not passed down the ring chain through slots
+    // (two copies per rank, and seven hand-offs in a row for each chunk).
+    flatBcastDefault = anyNet ? 0 : 64 << 10;
   }
   flatMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_MAX_BYTES", int64_t(flatDefault)));
   flatGatherMaxBytes_ = static_cast<size_t>(
@@ -102,6 +106,8 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   treeGatherMaxBytes_ = static_cast<size_t>(
       env::getInt("TUTTI_TREE_ALLGATHER_MAX_BYTES", int64_t(treeGatherDefault)));
   rdMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_RD_MAX_BYTES", int64_t(rdDefault)));
+  flatBcastMinBytes_ =
+      static_cast<size_t>(env::getInt("TUTTI_FLAT_BROADCAST_MIN_BYTES", int64_t(flatBcastDefault)));
   treeMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_TREE_MAX_BYTES", int64_t(treeDefault)));
   // With a core per rank, waits busy-poll (answers come in well under a microsecond), for up
   // to 1 ms so that a short hiccup of the peer (another process, the hypervisor) does not
@@ -219,6 +225,10 @@ Status Engine::runCollective(const CollArgs& op) {
       return runRecursiveDoubling(op, state, /*tree=*/total > rdGatherMaxBytes_);
     }
   }
+  if (op.kind == CollKind::kBroadcast && n > 2 && flatBcastMinBytes_ != 0 &&
+      total >= flatBcastMinBytes_) {
+    return runFlat(op, state);
+  }
   transport::FifoView** sendTo = ringSend_;
   transport::FifoView** recvFrom = ringRecv_;
   if (n > 1 && count > 0 && !ringSend_[nch - 1]) {  // channels are set up in order
@@ -290,6 +300,8 @@ Status Engine::runFlat(const CollArgs& op, OpState& state) {
   Waiter w(&state);
   if (op.kind == CollKind::kAllGather) {
     cpu::runFlatAllGather(op, op.count * dtypeSize(op.dtype), r, n, flatLinks_, &w);
+  } else if (op.kind == CollKind::kBroadcast) {
+    cpu::runFlatBroadcast(op, op.count * dtypeSize(op.dtype), r, n, flatLinks_, &w);
   } else {
     cpu::runFlatAllReduce(op, r, n, flatLinks_, &w);
   }

@@ -56,6 +56,7 @@ class Engine {
   size_t flatGatherMaxBytes_;  // all-gathers of 3+ ranks up to this total: the flat exchange
   size_t rdGatherMaxBytes_;    // then (a power of two of ranks) recursive doubling
   size_t treeGatherMaxBytes_;  // then the binomial tree
+  size_t flatBcastMinBytes_;   // broadcasts of 3+ ranks from this size: flat (0: never)
   int64_t spinNs_;             // how long a wait busy-polls before yielding (0 when oversubscribed)
   std::mutex mu_;              // one group at a time per communicator
   std::vector<std::unique_ptr<Worker>> channelWorkers_;

@@ -152,6 +152,12 @@ class Connection {
     memcpy(fifo_.slot(step), src, bytes);
     return false;
   }
+  // Sender: whether a payload of `bytes` sent with byAddress set goes by address for certain
+  // (then it need not fit a slot).
+  virtual bool sendsByAddress(size_t bytes) const {
+    (void)bytes;
+    return false;
+  }
   // The smallest payload a direct transfer may carry; smaller ones go through the slots the
   // plain way (so engines need not take the direct paths for them).
   virtual size_t directMinBytes() const { return 0; }

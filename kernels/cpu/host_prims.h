@@ -32,6 +32,21 @@ class HostPrims {
 
   // Sends that go by address go so whenever the transport can (Connection::sendFrom).
   void preferAddress() { byAddress_ = true; }
+  // Whether a send of n elements goes by address for certain (preferAddress set): it may then
+  // be bigger than a slot.
+  bool sendsByAddress(int n) const {
+    return byAddress_ && sendInputDirect_ && sendTo_->conn->sendsByAddress(size_t(n) * sizeof(T));
+  }
+  // Receiver: waits for the next payload and says whether it came by address. False also when
+  // the operation failed (the next call fails too).
+  bool nextByAddress() {
+    transport::FifoView& f = *recvFrom_;
+    if (!w_->until([&] { return f.ctrl->tail.load(std::memory_order_acquire) > f.step; }, f,
+                   Waiter::Dir::kRecv)) {
+      return false;
+    }
+    return f.ctrl->src[f.step % transport::kSteps].load(std::memory_order_relaxed) != 0;
+  }
 
   void send(size_t inOff, int n) {
     if (sendInputDirect_ && big(n, sendMin_)) return postDirect(in_ + inOff, n);

@@ -325,6 +325,56 @@ void runFlatAllGather(const CollArgs& op, size_t bytes, int rank, int n, const F
   }
 }
 
+// A chunk sent by address need not fit a slot: bigger ones cost fewer steps and system
+// calls. 8 ranks on 2 cores, 16 MiB, 3 interleaved runs, medians: 128 KiB chunks (the slot)
+// 14.4 ms, 2 MiB 10.7, 8 MiB 10.1; Open MPI 10.5.
+constexpr size_t kAddressChunkBytes = 8 << 20;
+
+void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int n, const FlatLinks& links,
+                      Waiter* w) {
+  uint8_t* out = static_cast<uint8_t*>(op.recv);
+  const size_t slot = std::max<size_t>(1, links.chunkBytes);
+  const size_t big = std::max(slot, kAddressChunkBytes);
+  // Each payload is as big as a slot, or (sent by address) up to `big`: the receiver tells
+  // which from the payload itself and expects exactly that size, so ranks that disagree on
+  // the count still fail on the size.
+  if (rank != op.root) {
+    HostPrims<uint8_t, CopyOnly> p(nullptr, links.recv[size_t(op.root)], out, out, CopyOnly{}, w);
+    for (size_t at = 0; at < bytes && !w->failed();) {
+      const size_t len = std::min(p.nextByAddress() ? big : slot, bytes - at);
+      p.recv(at, static_cast<int>(len));
+      at += len;
+    }
+    p.finish();
+    return;
+  }
+  const uint8_t* in = static_cast<const uint8_t*>(op.send);
+  std::vector<HostPrims<uint8_t, CopyOnly>> to;
+  std::vector<size_t> at(size_t(n - 1), 0);
+  to.reserve(size_t(n));
+  for (int d = 1; d < n; ++d) {
+    to.emplace_back(links.send[size_t((rank + d) % n)], nullptr, in, nullptr, CopyOnly{}, w);
+    to.back().preferAddress();
+  }
+  // A chunk at a time to every rank: each receiver starts on its first at once, and the root
+  // blocks (helping) only once a receiver has kSteps chunks outstanding.
+  for (bool more = bytes > 0; more && !w->failed();) {
+    more = false;
+    for (size_t d = 0; d < to.size(); ++d) {
+      if (at[d] >= bytes) continue;
+      const size_t left = bytes - at[d];
+      const size_t len = to[d].sendsByAddress(static_cast<int>(std::min(big, left)))
+                             ? std::min(big, left)
+                             : std::min(slot, left);
+      to[d].send(at[d], static_cast<int>(len));
+      at[d] += len;
+      more |= at[d] < bytes;
+    }
+  }
+  if (in != out && !w->failed()) memcpy(out, in, bytes);  // while the receivers copy
+  for (auto& p : to) p.finish();
+}
+
 bool movesBytes(CollKind kind) {
   return kind == CollKind::kAllGather || kind == CollKind::kBroadcast;
 }

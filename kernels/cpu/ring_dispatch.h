@@ -42,6 +42,11 @@ void runFlatAllReduce(const CollArgs& op, int rank, int nranks, const FlatLinks&
 // The flat all-gather over the same links: bytes per rank.
 void runFlatAllGather(const CollArgs& op, size_t bytes, int rank, int nranks,
                       const FlatLinks& links, Waiter* w);
+// The flat broadcast: the root sends every chunk to every other rank, by address where the
+// transport can (shm single copy: each receiver reads straight from the root's buffer, and
+// the root, waiting, copies pieces into theirs); bytes in all.
+void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int nranks,
+                      const FlatLinks& links, Waiter* w);
 // Whether recursive doubling gives every rank the same bits for this operation: the op must
 // be commutative bit for bit (floating max/min are not, with NaNs).
 bool rdSymmetric(const CollArgs& op);

@@ -94,6 +94,9 @@ TEST_P(Matrix, EveryCollectiveMatchesTheOracle) {
       std::string(s.transport) == "shm" && (s.nranks == 3 || s.nranks == 4 || s.nranks == 8);
   ScopedEnv copy("TUTTI_SHM_SINGLE_COPY", single ? "1" : nullptr);
   ScopedEnv copyMin("TUTTI_SHM_SINGLE_COPY_MIN", single ? "256" : nullptr);
+  // With them, broadcasts of 4 KiB or more flat (the root's buffer read by every receiver),
+  // as ranks crowded on fewer cores run them from 64 KiB.
+  ScopedEnv flatBcast("TUTTI_FLAT_BROADCAST_MIN_BYTES", single ? "4096" : nullptr);
   std::vector<ncclComm_t> comms = initThreads(s.nranks);
   ASSERT_EQ(comms.size(), size_t(s.nranks));
   std::vector<Case> cases = matrixCases(s.nranks, kFifoBytes);
@@ -481,6 +484,65 @@ TEST(Waits, ATcpPeerOnThisMachineIsNotSpunForOnceSpinsRunOut) {
 // tcp with the default buffers: 2 MiB slots, steps of at most 512 KiB, except a two-rank
 // broadcast's, which fill whole slots. Messages bigger than a slot, with odd lengths: a
 // broadcast from either root in and out of place, a send/recv, and an all-reduce.
+// The flat broadcast (ranks crowded on fewer cores, over shm): payloads sent by address go in
+// chunks of up to 8 MiB, bigger than a slot, and the receivers tell them from slot-sized ones;
+// without single copy every chunk is a slot. Every rank gets the root's bytes, in place or
+// not; a rank that disagrees on the count fails naming the sizes, and none hangs.
+TEST(FlatBroadcast, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
+  ScopedEnv flat("TUTTI_FLAT_BROADCAST_MIN_BYTES", "65536");
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  const int n = 4;
+  for (const char* single : {"1", "0"}) {
+    ScopedEnv copy("TUTTI_SHM_SINGLE_COPY", single);
+    SCOPED_TRACE(std::string("TUTTI_SHM_SINGLE_COPY=") + single);
+    // By address: 8 + 8 + 4 MiB and 3 bytes; through slots: a few slots and a partial one.
+    const size_t count = std::string(single) == "1" ? (20 << 20) + 3 : (1 << 20) + 3;
+    std::vector<ncclComm_t> comms = initThreads(n);
+    auto value = [](size_t i, int root) { return uint8_t(i * 131 + size_t(root) * 7 + 1); };
+    onThreads(n, [&](int r) {
+      ncclComm_t c = comms[size_t(r)];
+      for (int root : {0, 2}) {
+        for (bool inPlace : {false, true}) {
+          std::vector<uint8_t> send(count), recv(count, 0);
+          for (size_t i = 0; i < count; ++i) send[i] = r == root ? value(i, root) : 0;
+          uint8_t* out = inPlace ? send.data() : recv.data();
+          ASSERT_EQ(ncclBroadcast(send.data(), out, count, ncclUint8, root, c, nullptr),
+                    ncclSuccess)
+              << ncclGetLastError(c);
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(out[i], value(i, root))
+                << "rank " << r << " root " << root << " in place " << inPlace << " at " << i;
+          }
+        }
+      }
+    });
+    // Rank 3 expects half the bytes: it fails on the size, nobody hangs, and a rank that
+    // returns success (its whole payload arrived before the failure) holds the root's bytes.
+    std::vector<ncclResult_t> rc(size_t(n), ncclSuccess);
+    std::vector<std::string> msg(static_cast<size_t>(n));
+    std::vector<int> wrong(size_t(n), 0);
+    const double start = now();
+    onThreads(n, [&](int r) {
+      const size_t mine = r == 3 ? count / 2 : count;
+      std::vector<uint8_t> buf(mine);
+      for (size_t i = 0; i < mine; ++i) buf[i] = r == 0 ? value(i, 0) : 0;
+      rc[size_t(r)] =
+          ncclBroadcast(buf.data(), buf.data(), mine, ncclUint8, 0, comms[size_t(r)], nullptr);
+      msg[size_t(r)] = ncclGetLastError(comms[size_t(r)]);
+      for (size_t i = 0; i < mine && rc[size_t(r)] == ncclSuccess; ++i) {
+        wrong[size_t(r)] += buf[i] != value(i, 0);
+      }
+    });
+    EXPECT_LT(secondsSince(start), 15.0);
+    EXPECT_NE(rc[3], ncclSuccess);
+    EXPECT_NE(msg[3].find("bytes where this rank expected"), std::string::npos) << msg[3];
+    for (int r = 0; r < n; ++r) EXPECT_EQ(wrong[size_t(r)], 0) << "rank " << r;
+    for (auto& c : comms) ncclCommAbort(c);
+  }
+}
+
 TEST(TcpDefaultBuffers, BigBroadcastSendRecvAndAllReduceAreExact) {
   ScopedEnv shm("NCCL_SHM_DISABLE", "1");
   ScopedEnv buff("NCCL_BUFFSIZE", nullptr);

@@ -135,9 +135,11 @@ TEST_P(ProcessMatrix, EveryCollectiveMatchesTheOracle) {
       (s.nranks == 3 ? " NCCL_MIN_NCHANNELS=2 TUTTI_SHM_SINGLE_COPY=1 TUTTI_SHM_SINGLE_COPY_MIN=256"
                      : "") +
       // 8 processes: adaptive single copy told that every slot copy is slow, so that each
-      // connection moves from slots to addresses mid-run (from 256 bytes up).
+      // connection moves from slots to addresses mid-run (from 256 bytes up); broadcasts of
+      // 4 KiB or more flat (the root's buffer read by every receiver, between processes).
       (s.nranks == 8 && std::string(s.transport) == "shm"
            ? " TUTTI_SHM_SLOW_GBPS=1000000 TUTTI_SHM_SINGLE_COPY_MIN=256"
+             " TUTTI_FLAT_BROADCAST_MIN_BYTES=4096"
            : "");
   const std::string rank =
       s.nranks == 3 ? "sh -c '[ $RANK = 1 ] && export TUTTI_SHM_SINGLE_COPY_MIN=1048576; exec " +

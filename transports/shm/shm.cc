@@ -189,6 +189,7 @@ class ShmConnection : public Connection {
     slowBytesPerNs_ = slowGBps;
     direct_ = true;
   }
+  bool sendsByAddress(size_t bytes) const override { return minBytes_ != 0 && bytes >= minBytes_; }
   size_t directMinBytes() const override {
     if (!owner_ || directMin_ != 0) return directMin_;
     // Receiver: the sender's figure, kept here once published (its line, touched by no one
