@@ -85,14 +85,18 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // 558-785, Open MPI 665-984; 1 MiB ring 1347-1941, tree 1827-2386. With 4 ranks over tcp
     // all were within each other's noise (51-107): the ring stays.
     flatGatherDefault = anyNet || comm.nranks() > 8 ? 0 : 16 << 10;
-    treeGatherDefault = anyNet && comm.nranks() >= 8 ? 256 << 10 : 0;
-    // Over shm, doubling above the flat exchange, every block sent by address (single copy:
+    // Since doubling sends by address (tcp: from the output, no copy into a slot), it beats the
+    // tree over tcp from 32 KiB: 8 ranks on 2 cores, 3-4 interleaved runs, medians, us: 4 KiB
+    // tree 88, doubling 97, Open MPI 164; 32 KiB 111, 107, 146; 256 KiB 356, 220, 523; 2 MiB
+    // ring 2259, doubling 1948, Open MPI 2136; 16 MiB 26993 (tree), 24973, 27524.
+    treeGatherDefault = anyNet && comm.nranks() >= 8 ? 32 << 10 : 0;
+    // Then doubling for every size, every block sent by address (shm single copy:
     // RdLinks::gatherByAddress): each byte is copied once, where the ring through slots copies
-    // it twice, and the cores are what is short. 8 ranks on 2 cores, 3-4 interleaved runs,
-    // medians, us: 32 KiB doubling 37, ring 48, Open MPI 68; 128 KiB 92, 96, 125; 256 KiB
+    // it twice, and the cores are what is short. Over shm, 8 ranks on 2 cores, 3-4 interleaved
+    // runs, medians, us: 32 KiB doubling 37, ring 48, Open MPI 68; 128 KiB 92, 96, 125; 256 KiB
     // 169, 214, 211; 2 MiB 1103, 1314, 1061; 16 MiB 15035, 14205, 13998. With 4 ranks the ring
     // stays (256 KiB: ring 60, doubling 91, Open MPI 85; 2 MiB 667, 687, 547).
-    rdGatherDefault = anyNet || comm.nranks() < 8 ? 0 : size_t(1) << 62;
+    rdGatherDefault = comm.nranks() < 8 ? 0 : size_t(1) << 62;
     // Broadcasts over shm from 64 KiB (where single copy starts): flat, the root's buffer read
     // by every receiver at once (by address), not passed down the ring chain through slots
     // (two copies per rank, and seven hand-offs in a row for each chunk).
@@ -124,10 +128,12 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
       log::kInit,
       "rank %d: CPU engine, %d-%d channels, %zu-byte ring chunks at most; all-reduce by "
       "flat exchange up to %zu bytes, recursive doubling up to %zu, binomial tree up to %zu; "
-      "all-gather by the same up to %zu / %zu / %zu%s; waits spin up to %lld ns",
+      "all-gather by flat exchange up to %zu, binomial tree up to %zu, recursive doubling up to "
+      "%zu; flat broadcast from %zu (0: never)%s; waits spin up to %lld ns",
       comm.rank(), minChannels_, maxChannels_, comm.links().ringStepBytes(), flatMaxBytes_,
-      rdMaxBytes_, treeMaxBytes_, flatGatherMaxBytes_, rdGatherMaxBytes_, treeGatherMaxBytes_,
-      crowded ? " (more ranks than CPUs on a machine)" : "", static_cast<long long>(spinNs_));
+      rdMaxBytes_, treeMaxBytes_, flatGatherMaxBytes_, treeGatherMaxBytes_, rdGatherMaxBytes_,
+      flatBcastMinBytes_, crowded ? " (more ranks than CPUs on a machine)" : "",
+      static_cast<long long>(spinNs_));
 }
 
 Engine::~Engine() = default;
@@ -221,8 +227,9 @@ Status Engine::runCollective(const CollArgs& op) {
   }
   if (op.kind == CollKind::kAllGather && n > 2 && count > 0) {
     if (total <= flatGatherMaxBytes_) return runFlat(op, state);
+    // The tree for the smaller sizes, doubling above (the all-reduce's order is the other way).
     if ((n & (n - 1)) == 0 && total <= std::max(rdGatherMaxBytes_, treeGatherMaxBytes_)) {
-      return runRecursiveDoubling(op, state, /*tree=*/total > rdGatherMaxBytes_);
+      return runRecursiveDoubling(op, state, /*tree=*/total <= treeGatherMaxBytes_);
     }
   }
   if (op.kind == CollKind::kBroadcast && n > 2 && flatBcastMinBytes_ != 0 &&
