@@ -379,11 +379,12 @@ bool movesBytes(CollKind kind) {
   return kind == CollKind::kAllGather || kind == CollKind::kBroadcast;
 }
 
-void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra, transport::FifoView* s,
-                    transport::FifoView* r, Waiter* w) {
+void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra, bool byAddress,
+                    transport::FifoView* s, transport::FifoView* r, Waiter* w) {
   if (movesBytes(op.kind)) {
     HostPrims<uint8_t, CopyOnly> p(s, r, static_cast<const uint8_t*>(op.send),
                                    static_cast<uint8_t*>(op.recv), CopyOnly{}, w);
+    if (byAddress) p.preferAddress();
     if (op.kind == CollKind::kAllGather) {
       algo::ringAllGather(p, ra);
     } else {

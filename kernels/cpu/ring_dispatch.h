@@ -13,7 +13,9 @@ namespace tutti::cpu {
 // Copy-only collectives (AllGather, Broadcast) run on bytes: counts in ra are in bytes.
 bool movesBytes(CollKind kind);
 enum class Algo { kRing, kPair };
-void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
+// byAddress: byte-moving collectives send by address wherever the transport can
+// (Connection::sendFrom).
+void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra, bool byAddress,
                     transport::FifoView* sendTo, transport::FifoView* recvFrom, Waiter* w);
 
 }  // namespace tutti::cpu
