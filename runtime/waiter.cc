@@ -33,6 +33,7 @@ void OpState::fail(const Status& s) {
 }
 
 Status OpState::status() const {
+  if (!failed()) return Status::Ok();  // first_ is written only before failed_ is set
   std::lock_guard<std::mutex> lock(mu_);
   return first_;
 }

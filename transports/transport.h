@@ -91,7 +91,8 @@ struct FifoView {
   FifoCtrl* ctrl = nullptr;
   char* slots = nullptr;
   size_t slotBytes = 0;
-  uint64_t step = 0;  // this end's next step; steps continue across operations
+  uint64_t step = 0;      // this end's next step; steps continue across operations
+  uint64_t headSeen = 0;  // sender: head as last read (host engines: HostPrims::acquireSend)
   int peer = -1;
   int channel = 0;
   Connection* conn = nullptr;

@@ -165,8 +165,15 @@ class HostPrims {
 
   T* acquireSend() {
     transport::FifoView& f = *sendTo_;
-    bool ok = untilSent(
-        [&] { return f.ctrl->head.load(std::memory_order_acquire) + transport::kSteps > f.step; });
+    // Free while the head last read says so: head's line then stays with the receiver, which
+    // writes it every step, instead of crossing to this CPU and back each time.
+    if (f.headSeen + transport::kSteps > f.step && !w_->failed()) {
+      return reinterpret_cast<T*>(f.slot(f.step));
+    }
+    bool ok = untilSent([&] {
+      f.headSeen = f.ctrl->head.load(std::memory_order_acquire);
+      return f.headSeen + transport::kSteps > f.step;
+    });
     return ok ? reinterpret_cast<T*>(f.slot(f.step)) : nullptr;
   }
   void postSend(int n) {
