@@ -74,7 +74,7 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     crowded |= over;
     if (p.rank == comm.rank()) oversubscribed = over;
   }
-  crowded_ = crowded;
+  rdLinks_.gatherByAddress = crowded;
   size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
   size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0, flatBcastDefault = 0;
   if (crowded) {
@@ -346,7 +346,6 @@ Status Engine::runRecursiveDoubling(const CollArgs& op, OpState& state, bool tre
       rdLinks_.send[k] = comm_.links().send(algo::rdPartner(r, k), 0);
       rdLinks_.recv[k] = comm_.links().recv(algo::rdPartner(r, k), 0);
     }
-    rdLinks_.gatherByAddress = crowded_;
     rdReady_ = true;
   }
   Waiter w(&state);

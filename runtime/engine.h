@@ -66,7 +66,6 @@ class Engine {
   transport::FifoView* ringRecv_[kMaxChannels] = {};
   cpu::RdLinks rdLinks_;  // recursive doubling's links once made
   bool rdReady_ = false;
-  bool crowded_ = false;      // more ranks than CPUs on some machine
   cpu::FlatLinks flatLinks_;  // the flat all-reduce's links once made
   Worker runner_;
 };

@@ -41,11 +41,8 @@ class HostPrims {
   // the operation failed (the next call fails too).
   bool nextByAddress() {
     transport::FifoView& f = *recvFrom_;
-    if (!w_->until([&] { return f.ctrl->tail.load(std::memory_order_acquire) > f.step; }, f,
-                   Waiter::Dir::kRecv)) {
-      return false;
-    }
-    return f.ctrl->src[f.step % transport::kSteps].load(std::memory_order_relaxed) != 0;
+    return untilPosted() &&
+           f.ctrl->src[f.step % transport::kSteps].load(std::memory_order_relaxed) != 0;
   }
 
   void send(size_t inOff, int n) {
@@ -163,6 +160,13 @@ class HostPrims {
         f, Waiter::Dir::kSend);
   }
 
+  // Receiver: waits until the sender has posted the next step; false when the operation failed.
+  bool untilPosted() {
+    transport::FifoView& f = *recvFrom_;
+    return w_->until([&] { return f.ctrl->tail.load(std::memory_order_acquire) > f.step; }, f,
+                     Waiter::Dir::kRecv);
+  }
+
   T* acquireSend() {
     transport::FifoView& f = *sendTo_;
     // Free while the head last read says so: head's line then stays with the receiver, which
@@ -188,9 +192,7 @@ class HostPrims {
     // Below the sender's direct minimum the payload is in the slot: nothing to post or land.
     const bool direct = recvDirect_ && big(n, recvMin_);
     if (direct) f.conn->recvInto(f.step, dst, size_t(n) * sizeof(T));
-    bool ok = w_->until([&] { return f.ctrl->tail.load(std::memory_order_acquire) > f.step; }, f,
-                        Waiter::Dir::kRecv);
-    if (!ok) return nullptr;
+    if (!untilPosted()) return nullptr;
     uint64_t got = f.ctrl->sizes[f.step % transport::kSteps].load(std::memory_order_relaxed) &
                    transport::kSizeMask;
     if (got != uint64_t(n) * sizeof(T)) {

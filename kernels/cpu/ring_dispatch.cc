@@ -351,7 +351,7 @@ void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int n, const F
   const uint8_t* in = static_cast<const uint8_t*>(op.send);
   std::vector<HostPrims<uint8_t, CopyOnly>> to;
   std::vector<size_t> at(size_t(n - 1), 0);
-  to.reserve(size_t(n));
+  to.reserve(size_t(n - 1));
   for (int d = 1; d < n; ++d) {
     to.emplace_back(links.send[size_t((rank + d) % n)], nullptr, in, nullptr, CopyOnly{}, w);
     to.back().preferAddress();

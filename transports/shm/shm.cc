@@ -184,19 +184,18 @@ class ShmConnection : public Connection {
   void enableSingleCopy(bool sameProcess, size_t minBytes, bool adaptive, double slowGBps) {
     sameProcess_ = sameProcess;
     minBytes_ = minBytes;
-    directMin_ = minBytes;
     adaptive_ = adaptive;
     slowBytesPerNs_ = slowGBps;
     direct_ = true;
   }
   bool sendsByAddress(size_t bytes) const override { return minBytes_ != 0 && bytes >= minBytes_; }
   size_t directMinBytes() const override {
-    if (!owner_ || directMin_ != 0) return directMin_;
+    if (!owner_) return minBytes_;
+    if (senderMin_ != 0) return senderMin_;
     // Receiver: the sender's figure, kept here once published (its line, touched by no one
     // after setup, still drops out of cache between operations when ranks share a core).
-    const uint64_t v = help_->senderMin.load(std::memory_order_acquire);
-    if (v != 0) directMin_ = size_t(v);
-    return size_t(v);
+    senderMin_ = size_t(help_->senderMin.load(std::memory_order_acquire));
+    return senderMin_;
   }
   // Sender: tells the receiver the smallest payload this side may send by address.
   void publishSenderMin(uint64_t bytes) {
@@ -223,7 +222,7 @@ class ShmConnection : public Connection {
   static constexpr uint32_t kWindow = 8;
   bool sendFrom(uint64_t step, const void* src, size_t bytes, bool byAddress) override {
     const size_t k = step % kSteps;
-    const bool big = minBytes_ != 0 && bytes >= minBytes_;
+    const bool big = sendsByAddress(bytes);
     if (!big || (adaptive_ && directLeft_ == 0 && !byAddress)) {
       if (big) {  // adaptive: time the copy, it says which state the machine is in
         timespec a, b;
@@ -397,10 +396,9 @@ class ShmConnection : public Connection {
   Status readFailed(size_t n) {
     const int err = errno;
     markBroken(kBrokenRead, err);
-    errno = err;
     return remoteError("shm: reading " + std::to_string(n) + " bytes from rank " +
                        std::to_string(peer_) + " (pid " + std::to_string(peerPid_) +
-                       ") with process_vm_readv failed: " + strerror(errno) +
+                       ") with process_vm_readv failed: " + strerror(err) +
                        " (TUTTI_SHM_SINGLE_COPY=0 turns single copy off)");
   }
   // Copies n bytes between this process and the peer: the receiver reads from the peer's
@@ -451,7 +449,7 @@ class ShmConnection : public Connection {
   bool sameProcess_ = false;
   bool adaptive_ = false;
   uint32_t directLeft_ = 0;
-  mutable size_t directMin_ = 0;
+  mutable size_t senderMin_ = 0;  // receiver: ShmHelp::senderMin once published
   double slowBytesPerNs_ = 5.0;
   double rates_[kWindow] = {};  // the last copies' rates, bytes per ns (adaptive)
   uint32_t nRates_ = 0;
