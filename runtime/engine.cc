@@ -26,8 +26,8 @@ constexpr int kChannelCap = 16;
 // than kMinChunkBytes (each step costs a counter round trip).
 constexpr size_t kPipelineSteps = 4;
 constexpr size_t kMinChunkBytes = 16 << 10;
-// Two-rank all-gathers over shm up to this total send by address in whole slots (below).
-constexpr size_t kExchangeMaxBytes = 16 << 20;
+// Two-rank all-gathers and broadcasts over shm up to this total send by address (below).
+constexpr size_t kPairByAddressMaxBytes = 16 << 20;
 
 }  // namespace
 
@@ -276,9 +276,15 @@ Status Engine::runCollective(const CollArgs& op) {
   // through it, and slots win. Medians of 3-5 interleaved runs, us (by address in one step per
   // slot / through slots in 4 / Open MPI): 256 KiB 13.7 / 26.5 / 12.6; 1 MiB 65 / 109 / 84;
   // 2 MiB 181 / 217 / 162; 16 MiB 1516 / 1772 / 1473; 32 MiB 5431 / 4242 / 4476; 64 MiB
-  // 14412 / 10900 / 11611.
-  const bool exchange = n == 2 && op.kind == CollKind::kAllGather && !comm_.links().ringUsesNet() &&
-                        total <= kExchangeMaxBytes;
+  // 14412 / 10900 / 11611. Each block now goes in one chunk (cpu::runPairByAddress).
+  // A broadcast the same way, up to 16 MiB: the receiver and the root (helping) each copy
+  // part of one big chunk at once, where the slots' pipeline copies everything twice. In
+  // place, 5 interleaved runs, medians, us (by address / slots / Open MPI): 128 KiB 13.0 /
+  // 59.9 (13.7-79.0) / 14.9; 256 KiB 20.4 / 26.7 / 26.5; 1 MiB 81.9 / 100.8 / 108.1; 4 MiB
+  // 320 / 390 / 445; 16 MiB 3008 / 3706 / 3255; 64 MiB 12065 / 9903 / 9767.
+  const bool pairByAddress =
+      n == 2 && bytes && !comm_.links().ringUsesNet() && total <= kPairByAddressMaxBytes;
+  const bool exchange = pairByAddress && op.kind == CollKind::kAllGather;
   const size_t steps = (n == 2 && comm_.links().ringUsesNet()) || exchange ? 1 : kPipelineSteps;
   const size_t chunk = algo::pipelinedChunk(slotUnits, perRankShare, nch, steps,
                                             std::max<size_t>(kMinChunkBytes / unit, 1));
@@ -287,7 +293,7 @@ Status Engine::runCollective(const CollArgs& op) {
     size_t base = std::min(per * size_t(c), count);
     algo::RingArgs ra{r, n, op.root, base, std::min(per, count - base), count, chunk};
     Waiter w(&state);
-    cpu::runRingChannel(op, algo, ra, exchange, sendTo[c], recvFrom[c], &w);
+    cpu::runRingChannel(op, algo, ra, pairByAddress, sendTo[c], recvFrom[c], &w);
   };
   for (int c = 1; c < nch; ++c) {
     channelWorkers_[size_t(c - 1)]->post([&runChannel, c] { runChannel(c); });

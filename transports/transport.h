@@ -54,6 +54,21 @@ struct alignas(64) FifoCtrl {
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "FIFO counters cross processes");
 
+// How a sender wants a payload sent (Connection::sendFrom).
+enum class SendHow : uint8_t {
+  // The transport's own choice (shm: adaptive, through the slots while they copy fast).
+  kAdaptive,
+  // By address whenever the transport can (shm: from its single-copy minimum, whatever state
+  // the adaptive choice is in), for algorithms in which copying through a slot doubles the
+  // work.
+  kByAddress,
+  // As kByAddress, between two ranks that are the only ones copying (an exchange, or a
+  // broadcast whose root helps its one receiver): shm copies such a payload in few big pieces
+  // (each costs a system call and a claim), where many small ones balance a sender's help
+  // among several receivers.
+  kTwoRanks,
+};
+
 class Connection;
 
 // Records the CPU the calling thread runs on in one of FifoCtrl's CPU fields.
@@ -145,11 +160,9 @@ class Connection {
   uint32_t unseenRest = 0;
   // Sender: the payload of `step` (not yet published) is `bytes` at `src`. Returns false when
   // the transport copied it into the slot now; true when it keeps using src, which must then
-  // stay valid and unchanged until head passes step. byAddress: send by address whenever the
-  // transport can (shm: from its single-copy minimum, whatever state the adaptive choice is
-  // in), for algorithms in which copying through a slot doubles the work.
-  virtual bool sendFrom(uint64_t step, const void* src, size_t bytes, bool byAddress) {
-    (void)byAddress;
+  // stay valid and unchanged until head passes step. how: SendHow.
+  virtual bool sendFrom(uint64_t step, const void* src, size_t bytes, SendHow how) {
+    (void)how;
     memcpy(fifo_.slot(step), src, bytes);
     return false;
   }

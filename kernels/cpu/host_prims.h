@@ -31,11 +31,12 @@ class HostPrims {
   }
 
   // Sends that go by address go so whenever the transport can (Connection::sendFrom).
-  void preferAddress() { byAddress_ = true; }
+  void preferAddress(transport::SendHow how = transport::SendHow::kByAddress) { how_ = how; }
   // Whether a send of n elements goes by address for certain (preferAddress set): it may then
   // be bigger than a slot.
   bool sendsByAddress(int n) const {
-    return byAddress_ && sendInputDirect_ && sendTo_->conn->sendsByAddress(size_t(n) * sizeof(T));
+    return how_ != transport::SendHow::kAdaptive && sendInputDirect_ &&
+           sendTo_->conn->sendsByAddress(size_t(n) * sizeof(T));
   }
   // Receiver: waits for the next payload and says whether it came by address. False also when
   // the operation failed (the next call fails too).
@@ -142,7 +143,7 @@ class HostPrims {
 
   void postDirect(const T* src, int n) {
     if (!acquireSend()) return;
-    sentDirect_ |= sendTo_->conn->sendFrom(sendTo_->step, src, size_t(n) * sizeof(T), byAddress_);
+    sentDirect_ |= sendTo_->conn->sendFrom(sendTo_->step, src, size_t(n) * sizeof(T), how_);
     postSend(n);
   }
 
@@ -232,7 +233,7 @@ class HostPrims {
   bool sendDirect_ = false, sendInputDirect_ = false, recvDirect_ = false;
   size_t sendMin_ = 0, recvMin_ = 0;
   bool sentDirect_ = false;
-  bool byAddress_ = false;
+  transport::SendHow how_ = transport::SendHow::kAdaptive;
   bool landed_ = false;  // the last acquireRecv's payload is already in its dst
 };
 

@@ -379,8 +379,44 @@ bool movesBytes(CollKind kind) {
   return kind == CollKind::kAllGather || kind == CollKind::kBroadcast;
 }
 
+// Two ranks over shm, an all-gather or a broadcast by address (Engine::runRing): a block
+// goes in chunks of up to kAddressChunkBytes where the link sends it by address, in ra.chunk
+// pieces through the slots otherwise; the receiver tells which from each payload. All-gather:
+// each rank sends its block and takes the peer's, a send and a receive in turn.
+void runPairByAddress(const CollArgs& op, const algo::RingArgs& ra, transport::FifoView* s,
+                      transport::FifoView* r, Waiter* w) {
+  HostPrims<uint8_t, CopyOnly> p(s, r, static_cast<const uint8_t*>(op.send),
+                                 static_cast<uint8_t*>(op.recv), CopyOnly{}, w);
+  p.preferAddress(transport::SendHow::kTwoRanks);
+  const size_t slot = std::max<size_t>(1, ra.chunk), big = std::max(slot, kAddressChunkBytes);
+  const bool gather = op.kind == CollKind::kAllGather;
+  // What this rank sends (from the input at ra.base, to the output at `mine`) and receives
+  // (into the output at `theirs`).
+  const size_t mine = (gather ? size_t(ra.rank) * ra.stride : 0) + ra.base;
+  const size_t theirs = (gather ? size_t(1 - ra.rank) * ra.stride : 0) + ra.base;
+  size_t sent = gather || ra.rank == ra.root ? 0 : ra.count;
+  size_t got = gather || ra.rank != ra.root ? 0 : ra.count;
+  while ((sent < ra.count || got < ra.count) && !w->failed()) {
+    if (sent < ra.count) {
+      const size_t left = ra.count - sent;
+      const size_t len = p.sendsByAddress(static_cast<int>(std::min(big, left)))
+                             ? std::min(big, left)
+                             : std::min(slot, left);
+      p.copySend(ra.base + sent, mine + sent, static_cast<int>(len));
+      sent += len;
+    }
+    if (got < ra.count) {
+      const size_t len = std::min(p.nextByAddress() ? big : slot, ra.count - got);
+      p.recv(theirs + got, static_cast<int>(len));
+      got += len;
+    }
+  }
+  p.finish();
+}
+
 void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra, bool byAddress,
                     transport::FifoView* s, transport::FifoView* r, Waiter* w) {
+  if (byAddress && ra.nranks == 2 && movesBytes(op.kind)) return runPairByAddress(op, ra, s, r, w);
   if (movesBytes(op.kind)) {
     HostPrims<uint8_t, CopyOnly> p(s, r, static_cast<const uint8_t*>(op.send),
                                    static_cast<uint8_t*>(op.recv), CopyOnly{}, w);

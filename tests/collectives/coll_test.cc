@@ -340,7 +340,10 @@ TEST(SingleCopy, AdaptiveSendsByAddressOnceSlotCopiesRunSlow) {
     std::vector<int> byAddress(2);
     onThreads(2, [&](int r) {
       const size_t count = 1 << 18;  // 1 MiB of float per rank: many 4 KiB+ steps
-      for (int round = 0; round < 3; ++round) {
+      // Rounds enough for 8 timed copies over slots each touched before, wherever the
+      // all-reduce's timed sends fall among the kSteps slots (the all-gather before it takes
+      // one step per round, sent by address).
+      for (int round = 0; round < 5; ++round) {
         std::vector<float> in(count), gathered(2 * count), bcast(count), sum(count);
         for (size_t i = 0; i < count; ++i) in[i] = float(r * 1000 + round * 7 + int(i % 97));
         ncclComm_t comm = comms[size_t(r)];
@@ -372,7 +375,8 @@ TEST(SingleCopy, AdaptiveSendsByAddressOnceSlotCopiesRunSlow) {
 // the receiver's destination, the receiver copies the rest, and the step completes only once
 // every piece is in. Driven by hand on one step of a real shm FIFO between two thread ranks,
 // so that who copies what is fixed: the sender takes `helped` of the 4 pieces of 256 KiB
-// before the receiver lands, the receiver the others. A stale step must never be helped.
+// before the receiver lands, the receiver the others (in an exchange, of 2 pieces). A stale step
+// must never be helped.
 TEST(SingleCopy, TheSenderCopiesPiecesOfTheReceiversCopyWhileItWaits) {
   namespace tr = tutti::transport;
   ScopedEnv shm("NCCL_SHM_DISABLE", "0");
@@ -399,7 +403,7 @@ TEST(SingleCopy, TheSenderCopiesPiecesOfTheReceiversCopyWhileItWaits) {
     for (size_t i = 0; i < bytes; ++i) src[i] = char(i * 131 + size_t(helped)), dst[i] = 0;
     ASSERT_EQ(sf.step, rf.step);
     const uint64_t step = sf.step;
-    ASSERT_TRUE(sf.conn->sendFrom(step, src.data(), bytes, false));  // by address
+    ASSERT_TRUE(sf.conn->sendFrom(step, src.data(), bytes, tr::SendHow::kAdaptive));  // by address
     sf.ctrl->sizes[step % tr::kSteps].store(bytes);
     tr::postTail(sf);
     EXPECT_FALSE(sf.conn->help()) << "the receiver has not asked for the step yet";
@@ -422,7 +426,7 @@ TEST(SingleCopy, TheSenderCopiesPiecesOfTheReceiversCopyWhileItWaits) {
     SCOPED_TRACE(mismatch ? "size mismatch" : "claim closed");
     const uint64_t step = sf.step;
     for (size_t i = 0; i < bytes; ++i) src[i] = char(i * 7 + size_t(mismatch)), dst[i] = 0;
-    ASSERT_TRUE(sf.conn->sendFrom(step, src.data(), bytes, false));
+    ASSERT_TRUE(sf.conn->sendFrom(step, src.data(), bytes, tr::SendHow::kAdaptive));
     sf.ctrl->sizes[step % tr::kSteps].store(bytes);
     tr::postTail(sf);
     size_t written = 0;
@@ -442,6 +446,29 @@ TEST(SingleCopy, TheSenderCopiesPiecesOfTheReceiversCopyWhileItWaits) {
     bool inDst = false;
     ASSERT_TRUE(rf.conn->land(step, &inDst).ok());
     EXPECT_TRUE(rf.conn->landed(step));
+    EXPECT_EQ(memcmp(src.data(), dst.data(), bytes), 0);
+    tr::postHead(rf);
+    rf.conn->recvInto(UINT64_MAX, nullptr, 0);
+  }
+  // Sent as one side of an exchange, the same payload goes in 2 pieces of 128 KiB: the sender
+  // takes one at most, and the receiver copies the second half (or all) of it.
+  for (int helped = 0; helped <= 2; ++helped) {
+    SCOPED_TRACE("exchange, pieces the sender copies: " + std::to_string(helped));
+    for (size_t i = 0; i < bytes; ++i) src[i] = char(i * 29 + size_t(helped)), dst[i] = 0;
+    const uint64_t step = sf.step;
+    ASSERT_TRUE(sf.conn->sendFrom(step, src.data(), bytes, tr::SendHow::kTwoRanks));
+    sf.ctrl->sizes[step % tr::kSteps].store(bytes);
+    tr::postTail(sf);
+    rf.conn->recvInto(step, dst.data(), bytes);
+    for (int k = 0; k < helped; ++k) ASSERT_TRUE(sf.conn->help()) << "piece " << k;
+    if (helped == 1) {  // the sender's piece is in, the rest untouched
+      EXPECT_EQ(memcmp(src.data(), dst.data(), bytes / 2), 0);
+      EXPECT_EQ(std::count(dst.begin() + long(bytes / 2), dst.end(), 0), long(bytes / 2));
+    }
+    bool inDst = false;
+    ASSERT_TRUE(rf.conn->land(step, &inDst).ok());
+    EXPECT_TRUE(rf.conn->landed(step));
+    EXPECT_FALSE(sf.conn->help()) << "every piece is taken";
     EXPECT_EQ(memcmp(src.data(), dst.data(), bytes), 0);
     tr::postHead(rf);
     rf.conn->recvInto(UINT64_MAX, nullptr, 0);
@@ -540,6 +567,92 @@ TEST(FlatBroadcast, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails)
     EXPECT_NE(msg[3].find("bytes where this rank expected"), std::string::npos) << msg[3];
     for (int r = 0; r < n; ++r) EXPECT_EQ(wrong[size_t(r)], 0) << "rank " << r;
     for (auto& c : comms) ncclCommAbort(c);
+  }
+}
+
+// Two ranks over shm, an all-gather (an exchange) or a broadcast: each block is sent by
+// address in one chunk bigger than a slot (kAddressChunkBytes), in 2+ pieces of which each
+// side copies some; a block under the single-copy minimum, or any without single copy, goes
+// in slot-sized chunks. Every rank gets the blocks, in place or not, from either root; a rank
+// that disagrees on the count fails naming the sizes, and none hangs.
+TEST(PairByAddress, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  for (const char* single : {"1", "0"}) {
+    ScopedEnv copy("TUTTI_SHM_SINGLE_COPY", single);
+    SCOPED_TRACE(std::string("TUTTI_SHM_SINGLE_COPY=") + single);
+    const bool byAddress = std::string(single) == "1";
+    std::vector<ncclComm_t> comms = initThreads(2);
+    auto value = [](size_t i, int r) { return uint8_t(i * 131 + size_t(r) * 7 + 1); };
+    // By address: 6 MiB and 3 bytes (one chunk, 6 pieces), and 40000 bytes (under the
+    // minimum: through a slot); through slots: several slots and a partial one.
+    const std::vector<size_t> counts =
+        byAddress ? std::vector<size_t>{(6 << 20) + 3, 40000} : std::vector<size_t>{(1 << 20) + 3};
+    onThreads(2, [&](int r) {
+      ncclComm_t c = comms[size_t(r)];
+      for (size_t count : counts) {
+        for (bool inPlace : {false, true}) {
+          std::vector<uint8_t> recv(2 * count, 0), send(count);
+          for (size_t i = 0; i < count; ++i) send[i] = value(i, r);
+          const uint8_t* in = send.data();
+          if (inPlace) {
+            memcpy(recv.data() + size_t(r) * count, send.data(), count);
+            in = recv.data() + size_t(r) * count;
+          }
+          ASSERT_EQ(ncclAllGather(in, recv.data(), count, ncclUint8, c, nullptr), ncclSuccess)
+              << ncclGetLastError(c);
+          for (int q = 0; q < 2; ++q) {
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(recv[size_t(q) * count + i], value(i, q))
+                  << "rank " << r << " count " << count << " in place " << inPlace << " block " << q
+                  << " at " << i;
+            }
+          }
+          for (int root : {0, 1}) {
+            std::vector<uint8_t> out(count, 0);
+            uint8_t* to = inPlace ? send.data() : out.data();
+            if (r != root) std::fill(send.begin(), send.end(), 0);
+            ASSERT_EQ(ncclBroadcast(send.data(), to, count, ncclUint8, root, c, nullptr),
+                      ncclSuccess)
+                << ncclGetLastError(c);
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(to[i], value(i, root))
+                  << "broadcast: rank " << r << " count " << count << " in place " << inPlace
+                  << " root " << root << " at " << i;
+            }
+            for (size_t i = 0; i < count; ++i) send[i] = value(i, r);
+          }
+        }
+      }
+    });
+    // Rank 1 expects half the bytes. All-gather: both fail on the size (each gets a payload
+    // of the other's size). Broadcast from rank 0: rank 1 fails on the size. Nobody hangs.
+    const size_t count = counts[0];
+    for (bool gather : {true, false}) {
+      SCOPED_TRACE(gather ? "all-gather" : "broadcast");
+      std::vector<ncclComm_t> cs = initThreads(2);
+      std::vector<ncclResult_t> rc(2, ncclSuccess);
+      std::vector<std::string> msg(2);
+      const double start = now();
+      onThreads(2, [&](int r) {
+        const size_t mine = r == 1 ? count / 2 : count;
+        std::vector<uint8_t> send(mine, 1), recv(2 * mine);
+        ncclComm_t c = cs[size_t(r)];
+        rc[size_t(r)] =
+            gather ? ncclAllGather(send.data(), recv.data(), mine, ncclUint8, c, nullptr)
+                   : ncclBroadcast(send.data(), send.data(), mine, ncclUint8, 0, c, nullptr);
+        msg[size_t(r)] = ncclGetLastError(c);
+      });
+      EXPECT_LT(secondsSince(start), 15.0);
+      for (int r = gather ? 0 : 1; r < 2; ++r) {
+        EXPECT_NE(rc[size_t(r)], ncclSuccess) << "rank " << r;
+        EXPECT_NE(msg[size_t(r)].find("bytes where this rank expected"), std::string::npos)
+            << "rank " << r << ": " << msg[size_t(r)];
+      }
+      for (auto& c : cs) ncclCommAbort(c);
+    }
+    destroyAll(comms);
   }
 }
 

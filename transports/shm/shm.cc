@@ -94,6 +94,9 @@ struct alignas(64) ShmHelp {
   // posting a claim (4 stores to these lines) or looking for an address, whatever its own
   // TUTTI_SHM_SINGLE_COPY_MIN says.
   alignas(64) std::atomic<uint64_t> senderMin;
+  // The piece size of each payload sent by address, written by the sender with src and
+  // published with tail (pieceBytes).
+  std::atomic<uint32_t> piece[kSteps];
 };
 constexpr size_t kHeader = sizeof(FifoCtrl) + sizeof(ShmHelp);
 
@@ -101,12 +104,20 @@ constexpr size_t kHeader = sizeof(FifoCtrl) + sizeof(ShmHelp);
 // Between processes, 2 ranks, broadcast by address in 128 KiB steps (4 interleaved runs,
 // in place): 64 MiB 8.0-10.0 ms with 64 KiB pieces, 9.8-11.1 with 32 KiB, 13.5-14.3 with
 // whole steps (the receiver alone copies); 8 MiB 0.57-0.88, 0.68-0.99, 1.05-1.86 ms.
+// Between two ranks that are the only ones copying (SendHow::kTwoRanks) each piece costs a
+// system call and a claim and buys little balance: two pieces at least, up to 1 MiB each.
+// 2 ranks, all-gather exchange in one chunk, 5 interleaved runs, medians, us (64 KiB pieces /
+// up to 1 MiB / Open MPI): 1 MiB 82 / 69 / 66; 4 MiB 337 / 237 / 266; 16 MiB 2536 / 2460 /
+// 2721. Not for the crowded flat broadcast's 8 MiB chunks (one root helping 7 receivers): 8
+// ranks, 16 MiB, 6 runs, 11.5 ms with 128 KiB pieces, 12.3 with 256 KiB.
 constexpr size_t kPieceMin = 64 << 10;
-inline size_t pieceBytes(size_t n) {
-  const size_t p = std::max(kPieceMin, (n + 63) / 64);
+constexpr size_t kTwoRankPieceMax = 1 << 20;
+inline size_t pieceBytes(size_t n, bool twoRanks) {
+  size_t p = std::max(kPieceMin, (n + 63) / 64);
+  if (twoRanks) p = std::max(p, std::min(kTwoRankPieceMax, (n + 1) / 2));
   return (p + 4095) / 4096 * 4096;
 }
-inline uint32_t pieceCount(size_t n) { return uint32_t((n + pieceBytes(n) - 1) / pieceBytes(n)); }
+inline uint32_t pieceCount(size_t n, size_t piece) { return uint32_t((n + piece - 1) / piece); }
 
 size_t segmentBytes(size_t slotBytes) { return kHeader + kSteps * slotBytes; }
 
@@ -220,10 +231,10 @@ class ShmConnection : public Connection {
   // verdict takes about kSteps of them.
   static constexpr uint32_t kDirectSteps = 512;
   static constexpr uint32_t kWindow = 8;
-  bool sendFrom(uint64_t step, const void* src, size_t bytes, bool byAddress) override {
+  bool sendFrom(uint64_t step, const void* src, size_t bytes, SendHow how) override {
     const size_t k = step % kSteps;
     const bool big = sendsByAddress(bytes);
-    if (!big || (adaptive_ && directLeft_ == 0 && !byAddress)) {
+    if (!big || (adaptive_ && directLeft_ == 0 && how == SendHow::kAdaptive)) {
       if (big) {  // adaptive: time the copy, it says which state the machine is in
         timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
@@ -249,8 +260,10 @@ class ShmConnection : public Connection {
       return false;
     }
     if (adaptive_ && directLeft_ > 0) --directLeft_;
+    const size_t piece = pieceBytes(bytes, how == SendHow::kTwoRanks);
+    help_->piece[k].store(uint32_t(piece), std::memory_order_relaxed);
     fifo_.ctrl->src[k].store(reinterpret_cast<uint64_t>(src), std::memory_order_relaxed);
-    sent_[k] = Sent{step + 1, static_cast<const char*>(src), bytes, false};
+    sent_[k] = Sent{step + 1, static_cast<const char*>(src), bytes, piece, false};
     return true;
   }
 
@@ -265,7 +278,7 @@ class ShmConnection : public Connection {
     }
     if (!best) return false;
     const size_t k = (best->tag - 1) % kSteps;
-    const uint32_t pieces = pieceCount(best->bytes);
+    const uint32_t pieces = pieceCount(best->bytes, best->piece);
     uint64_t word = help_->claim[k].load(std::memory_order_acquire);
     if ((word >> 8) != best->tag) return false;  // the receiver has not reached this step yet
     // A receiver expecting another size (ranks disagree on count, datatype or root) gets no
@@ -281,9 +294,8 @@ class ShmConnection : public Connection {
       best->finished = true;
       return false;
     }
-    const size_t piece = pieceBytes(best->bytes);
-    const size_t off = size_t(c) * piece;
-    const size_t n = std::min(piece, best->bytes - off);
+    const size_t off = size_t(c) * best->piece;
+    const size_t n = std::min(best->piece, best->bytes - off);
     if (!copyPiece(reinterpret_cast<char*>(to) + off, best->src + off, n, true)) {
       // The piece is lost: the receiver must not wait for it. The same permission let the
       // probe at setup read this peer, so only a receiver that is exiting, or one whose
@@ -333,8 +345,8 @@ class ShmConnection : public Connection {
       if (!copyPiece(to, reinterpret_cast<const char*>(src), n, false)) return readFailed(n);
       return Status::Ok();
     }
-    const size_t piece = pieceBytes(n);
-    landPieces_ = pieceCount(n);
+    const size_t piece = std::max<size_t>(1, help_->piece[k].load(std::memory_order_relaxed));
+    landPieces_ = pieceCount(n, piece);
     for (int c; (c = takePiece(k, step + 1, landPieces_)) >= 0;) {
       const size_t off = size_t(c) * piece;
       const size_t len = std::min(piece, n - off);
@@ -439,6 +451,7 @@ class ShmConnection : public Connection {
     uint64_t tag = 0;  // step + 1; 0: none
     const char* src = nullptr;
     size_t bytes = 0;
+    size_t piece = 0;       // the size of its pieces (pieceBytes)
     bool finished = false;  // every piece taken
   };
   Sent sent_[kSteps];

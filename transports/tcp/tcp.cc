@@ -134,7 +134,7 @@ class TcpConnection : public Connection {
     }
     if (n) ::poll(fds, n, ms);
   }
-  bool sendFrom(uint64_t step, const void* src, size_t, bool) override {
+  bool sendFrom(uint64_t step, const void* src, size_t, SendHow) override {
     src_[step % kSteps] = static_cast<const char*>(src);
     return true;
   }
