@@ -62,10 +62,10 @@ enum class SendHow : uint8_t {
   // the adaptive choice is in), for algorithms in which copying through a slot doubles the
   // work.
   kByAddress,
-  // As kByAddress, between two ranks that are the only ones copying (an exchange, or a
-  // broadcast whose root helps its one receiver): shm copies such a payload in few big pieces
-  // (each costs a system call and a claim), where many small ones balance a sender's help
-  // among several receivers.
+  // As kByAddress, where the sender has one receiver to help at most (an exchange, each side
+  // busy with its own receive: the two-rank all-gather, a doubling stage; or a two-rank
+  // broadcast): shm copies such a payload in few big pieces (each costs a system call and a
+  // claim), where many small ones balance a root's help among several receivers.
   kTwoRanks,
 };
 

@@ -240,26 +240,61 @@ bool rdSymmetric(const CollArgs& op) {
 // its children rank + 2^k (k < L, each bringing the contiguous 2^k blocks of its own
 // subtree), hands them to its parent rank - 2^L, gets the whole back and passes it down:
 // 2 log2(n) steps, 2(n-1) messages.
+// A chunk sent by address need not fit a slot: bigger ones cost fewer steps and system
+// calls. 8 ranks on 2 cores, 16 MiB, 3 interleaved runs, medians: 128 KiB chunks (the slot)
+// 14.4 ms, 2 MiB 10.7, 8 MiB 10.1; Open MPI 10.5.
+constexpr size_t kAddressChunkBytes = 8 << 20;
+
+// Sends [sendIn, +sendLen) of p's input (copied to [sendOut, ...) of its output unless that is
+// the same memory) and receives [recvAt, +recvLen) of its output, a send and a receive in
+// turn so that two partners never both wait to send. Sends go in chunks of up to `big` where
+// the link sends them by address for certain, of `slot` otherwise; the receiver tells which
+// from each payload (big == slot: every chunk a slot, nothing to tell).
+namespace {
+
+void exchangeChunks(HostPrims<uint8_t, CopyOnly>& p, size_t sendIn, size_t sendOut, size_t sendLen,
+                    size_t recvAt, size_t recvLen, size_t slot, size_t big, Waiter* w) {
+  size_t sent = 0, got = 0;
+  while ((sent < sendLen || got < recvLen) && !w->failed()) {
+    if (sent < sendLen) {
+      const size_t left = sendLen - sent;
+      const size_t len = big > slot && p.sendsByAddress(static_cast<int>(std::min(big, left)))
+                             ? std::min(big, left)
+                             : std::min(slot, left);
+      p.copySend(sendIn + sent, sendOut + sent, static_cast<int>(len));
+      sent += len;
+    }
+    if (got < recvLen) {
+      const size_t len = std::min(big > slot && p.nextByAddress() ? big : slot, recvLen - got);
+      p.recv(recvAt + got, static_cast<int>(len));
+      got += len;
+    }
+  }
+}
+
+}  // namespace
+
 void runRdAllGather(const CollArgs& op, size_t bytes, int rank, int n, const RdLinks& links,
                     bool tree, Waiter* w) {
   const algo::RdPlan plan = algo::rdPlan(rank, n);
   const uint8_t* in = static_cast<const uint8_t*>(op.send);
   uint8_t* out = static_cast<uint8_t*>(op.recv);
   if (in != out + size_t(rank) * bytes) memcpy(out + size_t(rank) * bytes, in, bytes);
-  // Moves [sendAt, +len) to `to` and [recvAt, +len) from `from` (either may be null), a slot
-  // at a time, sends and receives interleaved so that two partners never both wait to send.
-  // Sends may go by address: every block of the output is written once, before it is sent,
-  // and finish() waits until what was sent has left.
+  // Moves [sendAt, +len) to `to` and [recvAt, +len) from `from` (either may be null),
+  // sends and receives interleaved so that two partners never both wait to send. Sends may
+  // go by address: every block of the output is written once, before it is sent, and
+  // finish() waits until what was sent has left.
   auto stage = [&](transport::FifoView* to, size_t sendAt, transport::FifoView* from, size_t recvAt,
                    size_t len) {
     HostPrims<uint8_t, CopyOnly> p(to, from, out, out, CopyOnly{}, w);
-    if (links.gatherByAddress) p.preferAddress();
-    const size_t chunk = std::max<size_t>(1, (to ? to : from)->slotBytes);
-    for (size_t at = 0; at < len; at += chunk) {
-      const int m = static_cast<int>(std::min(chunk, len - at));
-      if (to) p.send(sendAt + at, m);
-      if (from) p.recv(recvAt + at, m);
-    }
+    const size_t slot = std::max<size_t>(1, (to ? to : from)->slotBytes);
+    // By address (crowded ranks over shm): chunks bigger than a slot, in few pieces -- each
+    // stage is an exchange, both partners busy. 8 ranks on 2 cores, 5 interleaved runs,
+    // medians, us (slot-sized chunks of 64 KiB pieces / big chunks of big pieces / Open MPI):
+    // 256 KiB 213 / 204 / 212; 2 MiB 2181 / 1368 / 1668; 16 MiB 18380 / 15053 / 16438.
+    if (links.gatherByAddress) p.preferAddress(transport::SendHow::kTwoRanks);
+    const size_t big = links.gatherByAddress ? std::max(slot, kAddressChunkBytes) : slot;
+    exchangeChunks(p, sendAt, sendAt, to ? len : 0, recvAt, from ? len : 0, slot, big, w);
     p.finish();
   };
   if (!tree) {
@@ -325,11 +360,6 @@ void runFlatAllGather(const CollArgs& op, size_t bytes, int rank, int n, const F
   }
 }
 
-// A chunk sent by address need not fit a slot: bigger ones cost fewer steps and system
-// calls. 8 ranks on 2 cores, 16 MiB, 3 interleaved runs, medians: 128 KiB chunks (the slot)
-// 14.4 ms, 2 MiB 10.7, 8 MiB 10.1; Open MPI 10.5.
-constexpr size_t kAddressChunkBytes = 8 << 20;
-
 void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int n, const FlatLinks& links,
                       Waiter* w) {
   uint8_t* out = static_cast<uint8_t*>(op.recv);
@@ -394,23 +424,9 @@ void runPairByAddress(const CollArgs& op, const algo::RingArgs& ra, transport::F
   // (into the output at `theirs`).
   const size_t mine = (gather ? size_t(ra.rank) * ra.stride : 0) + ra.base;
   const size_t theirs = (gather ? size_t(1 - ra.rank) * ra.stride : 0) + ra.base;
-  size_t sent = gather || ra.rank == ra.root ? 0 : ra.count;
-  size_t got = gather || ra.rank != ra.root ? 0 : ra.count;
-  while ((sent < ra.count || got < ra.count) && !w->failed()) {
-    if (sent < ra.count) {
-      const size_t left = ra.count - sent;
-      const size_t len = p.sendsByAddress(static_cast<int>(std::min(big, left)))
-                             ? std::min(big, left)
-                             : std::min(slot, left);
-      p.copySend(ra.base + sent, mine + sent, static_cast<int>(len));
-      sent += len;
-    }
-    if (got < ra.count) {
-      const size_t len = std::min(p.nextByAddress() ? big : slot, ra.count - got);
-      p.recv(theirs + got, static_cast<int>(len));
-      got += len;
-    }
-  }
+  const bool sends = gather || ra.rank == ra.root, receives = gather || ra.rank != ra.root;
+  exchangeChunks(p, ra.base, mine, sends ? ra.count : 0, theirs, receives ? ra.count : 0, slot, big,
+                 w);
   p.finish();
 }
 
