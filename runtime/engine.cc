@@ -99,10 +99,13 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // 169, 214, 211; 2 MiB 1103, 1314, 1061; 16 MiB 15035, 14205, 13998. With 4 ranks the ring
     // stays (256 KiB: ring 60, doubling 91, Open MPI 85; 2 MiB 667, 687, 547).
     rdGatherDefault = comm.nranks() < 8 ? 0 : size_t(1) << 62;
-    // Broadcasts over shm from 64 KiB (where single copy starts): flat, the root's buffer read
-    // by every receiver at once (by address), not passed down the ring chain through slots
-    // (two copies per rank, and seven hand-offs in a row for each chunk).
-    flatBcastDefault = anyNet ? 0 : 64 << 10;
+    // Broadcasts stay on the ring chain. The flat broadcast (every receiver reading the root's
+    // buffer by address) measured ahead of it once (8 ranks, 256 KiB: 153 against 214 us) but
+    // behind it since the per-message savings of d07441b-d837d1d: 8 ranks on 2 cores, in place,
+    // 6-8 interleaved runs, medians, us (flat / chain / Open MPI): 64 KiB 62 / 38 / 53;
+    // 256 KiB 183 / 95 / 150; 2 MiB 1249 / 1104 / 1038; 16 MiB 13280 / 8912 / 11071; 64 MiB
+    // 54612 / 43237 / 42293 (runs begun in both cache states). TUTTI_FLAT_BROADCAST_MIN_BYTES
+    // turns it on.
   }
   flatMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_MAX_BYTES", int64_t(flatDefault)));
   flatGatherMaxBytes_ = static_cast<size_t>(
