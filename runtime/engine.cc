@@ -76,7 +76,7 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   }
   rdLinks_.gatherByAddress = crowded;
   size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
-  size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0, flatBcastDefault = 0;
+  size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0;
   if (crowded) {
     rdDefault = anyNet ? (comm.nranks() >= 8 ? 0 : 256 << 10) : 16 << 10;
     treeDefault = anyNet ? 256 << 10 : 128 << 10;
@@ -105,7 +105,7 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // 6-8 interleaved runs, medians, us (flat / chain / Open MPI): 64 KiB 62 / 38 / 53;
     // 256 KiB 183 / 95 / 150; 2 MiB 1249 / 1104 / 1038; 16 MiB 13280 / 8912 / 11071; 64 MiB
     // 54612 / 43237 / 42293 (runs begun in both cache states). TUTTI_FLAT_BROADCAST_MIN_BYTES
-    // turns it on.
+    // turns it on (below: 0 by default).
   }
   flatMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_MAX_BYTES", int64_t(flatDefault)));
   flatGatherMaxBytes_ = static_cast<size_t>(
@@ -115,8 +115,7 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   treeGatherMaxBytes_ = static_cast<size_t>(
       env::getInt("TUTTI_TREE_ALLGATHER_MAX_BYTES", int64_t(treeGatherDefault)));
   rdMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_RD_MAX_BYTES", int64_t(rdDefault)));
-  flatBcastMinBytes_ =
-      static_cast<size_t>(env::getInt("TUTTI_FLAT_BROADCAST_MIN_BYTES", int64_t(flatBcastDefault)));
+  flatBcastMinBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_BROADCAST_MIN_BYTES", 0));
   treeMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_TREE_MAX_BYTES", int64_t(treeDefault)));
   // With a core per rank, waits busy-poll (answers come in well under a microsecond), for up
   // to 1 ms so that a short hiccup of the peer (another process, the hypervisor) does not

@@ -166,8 +166,8 @@ class Connection {
     memcpy(fifo_.slot(step), src, bytes);
     return false;
   }
-  // Sender: whether a payload of `bytes` sent with byAddress set goes by address for certain
-  // (then it need not fit a slot).
+  // Sender: whether a payload of `bytes` sent with a SendHow other than kAdaptive goes by
+  // address for certain (then it need not fit a slot).
   virtual bool sendsByAddress(size_t bytes) const {
     (void)bytes;
     return false;

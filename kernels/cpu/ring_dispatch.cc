@@ -223,26 +223,9 @@ void byTypeAndFn(const CollArgs& op, Waiter* w, Body&& body) {
   byType(op, w, [&](auto t) { byFn(op, [&](auto f) { body(t, f); }); });
 }
 
-}  // namespace
-
-bool rdSymmetric(const CollArgs& op) {
-  const bool floating = op.dtype == ncclFloat16 || op.dtype == ncclFloat32 ||
-                        op.dtype == ncclFloat64 || op.dtype == ncclBfloat16 ||
-                        op.dtype == ncclFloat8e4m3 || op.dtype == ncclFloat8e5m2;
-  const auto fn = static_cast<RedFn>(op.red.fn);
-  return !(floating && (fn == RedFn::kMax || fn == RedFn::kMin));
-}
-
-// All-gather over recursive doubling's links, n a power of two, `bytes` per rank.
-// Doubling: in step k, the 2^k blocks this rank holds (aligned at a multiple of 2^k) go to
-// the partner, whose 2^k come back; log2(n) steps, n log2(n) messages.
-// Tree: a rank whose lowest set bit is L gathers its subtree's blocks [rank, rank + 2^L) from
-// its children rank + 2^k (k < L, each bringing the contiguous 2^k blocks of its own
-// subtree), hands them to its parent rank - 2^L, gets the whole back and passes it down:
-// 2 log2(n) steps, 2(n-1) messages.
 // A chunk sent by address need not fit a slot: bigger ones cost fewer steps and system
-// calls. 8 ranks on 2 cores, 16 MiB, 3 interleaved runs, medians: 128 KiB chunks (the slot)
-// 14.4 ms, 2 MiB 10.7, 8 MiB 10.1; Open MPI 10.5.
+// calls. The flat broadcast, 8 ranks on 2 cores, 16 MiB, 3 interleaved runs, medians: 128 KiB
+// chunks (the slot) 14.4 ms, 2 MiB 10.7, 8 MiB 10.1; Open MPI 10.5.
 constexpr size_t kAddressChunkBytes = 8 << 20;
 
 // Sends [sendIn, +sendLen) of p's input (copied to [sendOut, ...) of its output unless that is
@@ -250,8 +233,6 @@ constexpr size_t kAddressChunkBytes = 8 << 20;
 // turn so that two partners never both wait to send. Sends go in chunks of up to `big` where
 // the link sends them by address for certain, of `slot` otherwise; the receiver tells which
 // from each payload (big == slot: every chunk a slot, nothing to tell).
-namespace {
-
 void exchangeChunks(HostPrims<uint8_t, CopyOnly>& p, size_t sendIn, size_t sendOut, size_t sendLen,
                     size_t recvAt, size_t recvLen, size_t slot, size_t big, Waiter* w) {
   size_t sent = 0, got = 0;
@@ -274,6 +255,21 @@ void exchangeChunks(HostPrims<uint8_t, CopyOnly>& p, size_t sendIn, size_t sendO
 
 }  // namespace
 
+bool rdSymmetric(const CollArgs& op) {
+  const bool floating = op.dtype == ncclFloat16 || op.dtype == ncclFloat32 ||
+                        op.dtype == ncclFloat64 || op.dtype == ncclBfloat16 ||
+                        op.dtype == ncclFloat8e4m3 || op.dtype == ncclFloat8e5m2;
+  const auto fn = static_cast<RedFn>(op.red.fn);
+  return !(floating && (fn == RedFn::kMax || fn == RedFn::kMin));
+}
+
+// All-gather over recursive doubling's links, n a power of two, `bytes` per rank.
+// Doubling: in step k, the 2^k blocks this rank holds (aligned at a multiple of 2^k) go to
+// the partner, whose 2^k come back; log2(n) steps, n log2(n) messages.
+// Tree: a rank whose lowest set bit is L gathers its subtree's blocks [rank, rank + 2^L) from
+// its children rank + 2^k (k < L, each bringing the contiguous 2^k blocks of its own
+// subtree), hands them to its parent rank - 2^L, gets the whole back and passes it down:
+// 2 log2(n) steps, 2(n-1) messages.
 void runRdAllGather(const CollArgs& op, size_t bytes, int rank, int n, const RdLinks& links,
                     bool tree, Waiter* w) {
   const algo::RdPlan plan = algo::rdPlan(rank, n);

@@ -13,8 +13,8 @@ namespace tutti::cpu {
 // Copy-only collectives (AllGather, Broadcast) run on bytes: counts in ra are in bytes.
 bool movesBytes(CollKind kind);
 enum class Algo { kRing, kPair };
-// byAddress: byte-moving collectives send by address wherever the transport can
-// (Connection::sendFrom).
+// byAddress: two ranks' byte-moving collectives send by address wherever the transport can,
+// in chunks bigger than a slot and few pieces (runPairByAddress; SendHow::kTwoRanks).
 void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra, bool byAddress,
                     transport::FifoView* sendTo, transport::FifoView* recvFrom, Waiter* w);
 
@@ -29,7 +29,8 @@ struct RdLinks {
   transport::FifoView* send[32] = {};
   transport::FifoView* recv[32] = {};
   // All-gathers send every block by address where the transport can (shm single copy),
-  // whatever the adaptive choice says: set where ranks share cores (Engine).
+  // whatever the adaptive choice says, in chunks bigger than a slot and few pieces
+  // (SendHow::kTwoRanks: each stage is an exchange): set where ranks share cores (Engine).
   bool gatherByAddress = false;
 };
 // tree: the binomial tree's reduce and broadcast over the same links instead.

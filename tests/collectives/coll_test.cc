@@ -319,10 +319,11 @@ TEST(Fifos, EverySlotsFirstPageIsMappedWhenTheConnectionIsMade) {
 
 // shm single copy by default is adaptive: big payloads go through slots while copying into a
 // slot runs fast, by address for a while once the median of 8 copies ran slow. With the
-// threshold at 10^6 GB/s every copy is slow: after the first operation (whose copies touch
+// threshold at 10^6 GB/s every copy is slow: after the first operations (whose copies touch
 // fresh pages and do not count) the sends switch to addresses; at 0 they never do; with
 // TUTTI_SHM_SINGLE_COPY=0 there is no single copy at all. Every result must be exact across
-// the switch.
+// the switch. (Only the all-reduce's sends take the adaptive choice: the two-rank all-gather
+// and broadcast go by address whenever single copy is on.)
 TEST(SingleCopy, AdaptiveSendsByAddressOnceSlotCopiesRunSlow) {
   struct Case {
     const char* slowGBps;
@@ -341,8 +342,8 @@ TEST(SingleCopy, AdaptiveSendsByAddressOnceSlotCopiesRunSlow) {
     onThreads(2, [&](int r) {
       const size_t count = 1 << 18;  // 1 MiB of float per rank: many 4 KiB+ steps
       // Rounds enough for 8 timed copies over slots each touched before, wherever the
-      // all-reduce's timed sends fall among the kSteps slots (the all-gather before it takes
-      // one step per round, sent by address).
+      // all-reduce's timed sends fall among the kSteps slots (the all-gather and broadcast
+      // before it take one step per round each way, sent by address).
       for (int round = 0; round < 5; ++round) {
         std::vector<float> in(count), gathered(2 * count), bcast(count), sum(count);
         for (size_t i = 0; i < count; ++i) in[i] = float(r * 1000 + round * 7 + int(i % 97));
@@ -578,6 +579,7 @@ TEST(FlatBroadcast, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails)
 TEST(PairByAddress, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails) {
   ScopedEnv shm("NCCL_SHM_DISABLE", "0");
   ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
+  ScopedEnv channels("NCCL_MAX_NCHANNELS", "1");
   ScopedEnv timeout("TUTTI_TIMEOUT", "20");
   for (const char* single : {"1", "0"}) {
     ScopedEnv copy("TUTTI_SHM_SINGLE_COPY", single);
@@ -585,10 +587,13 @@ TEST(PairByAddress, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails)
     const bool byAddress = std::string(single) == "1";
     std::vector<ncclComm_t> comms = initThreads(2);
     auto value = [](size_t i, int r) { return uint8_t(i * 131 + size_t(r) * 7 + 1); };
-    // By address: 6 MiB and 3 bytes (one chunk, 6 pieces), and 40000 bytes (under the
-    // minimum: through a slot); through slots: several slots and a partial one.
+    // By address: 6 MiB and 3 bytes (one chunk in 7 pieces); 8 MiB and 1000 bytes (broadcast:
+    // a chunk by address, then the rest through a slot; all-gather: over 16 MiB in all, the
+    // ring); 3000 bytes (under the 4 KiB minimum between threads: through a slot). Through
+    // slots: several slots and a partial one.
     const std::vector<size_t> counts =
-        byAddress ? std::vector<size_t>{(6 << 20) + 3, 40000} : std::vector<size_t>{(1 << 20) + 3};
+        byAddress ? std::vector<size_t>{(6 << 20) + 3, (8 << 20) + 1000, 3000}
+                  : std::vector<size_t>{(1 << 20) + 3};
     onThreads(2, [&](int r) {
       ncclComm_t c = comms[size_t(r)];
       for (size_t count : counts) {
@@ -626,6 +631,30 @@ TEST(PairByAddress, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails)
         }
       }
     });
+    // One channel, by address: a 6 MiB all-gather is one step each way, and an 8 MiB + 1000
+    // broadcast two steps from the root (so the path above is the one under test).
+    if (byAddress) {
+      std::vector<uint64_t> gatherSteps(2), bcastSteps(2);
+      onThreads(2, [&](int r) {
+        ncclComm_t c = comms[size_t(r)];
+        const tutti::transport::FifoView* f =
+            reinterpret_cast<tutti::Comm*>(c)->links().send(1 - r, 0);
+        ASSERT_NE(f, nullptr);
+        std::vector<uint8_t> a((8 << 20) + 1000, 1), b(2 * a.size());
+        uint64_t before = f->step;
+        ASSERT_EQ(ncclAllGather(a.data(), b.data(), (6 << 20) + 3, ncclUint8, c, nullptr),
+                  ncclSuccess);
+        gatherSteps[size_t(r)] = f->step - before;
+        before = f->step;
+        ASSERT_EQ(ncclBroadcast(a.data(), a.data(), a.size(), ncclUint8, 0, c, nullptr),
+                  ncclSuccess);
+        bcastSteps[size_t(r)] = f->step - before;
+      });
+      EXPECT_EQ(gatherSteps[0], 1u);
+      EXPECT_EQ(gatherSteps[1], 1u);
+      EXPECT_EQ(bcastSteps[0], 2u);
+      EXPECT_EQ(bcastSteps[1], 0u);
+    }
     // Rank 1 expects half the bytes. All-gather: both fail on the size (each gets a payload
     // of the other's size). Broadcast from rank 0: rank 1 fails on the size. Nobody hangs.
     const size_t count = counts[0];

@@ -96,7 +96,7 @@ struct alignas(64) ShmHelp {
   alignas(64) std::atomic<uint64_t> senderMin;
   // The piece size of each payload sent by address, written by the sender with src and
   // published with tail (pieceBytes).
-  std::atomic<uint32_t> piece[kSteps];
+  alignas(64) std::atomic<uint32_t> piece[kSteps];
 };
 constexpr size_t kHeader = sizeof(FifoCtrl) + sizeof(ShmHelp);
 
@@ -104,8 +104,9 @@ constexpr size_t kHeader = sizeof(FifoCtrl) + sizeof(ShmHelp);
 // Between processes, 2 ranks, broadcast by address in 128 KiB steps (4 interleaved runs,
 // in place): 64 MiB 8.0-10.0 ms with 64 KiB pieces, 9.8-11.1 with 32 KiB, 13.5-14.3 with
 // whole steps (the receiver alone copies); 8 MiB 0.57-0.88, 0.68-0.99, 1.05-1.86 ms.
-// Between two ranks that are the only ones copying (SendHow::kTwoRanks) each piece costs a
-// system call and a claim and buys little balance: two pieces at least, up to 1 MiB each.
+// Where the sender has one receiver to help at most (SendHow::kTwoRanks) each piece costs a
+// system call and a claim and buys little balance: pieces of half the payload or more (64 KiB
+// at least), up to 1 MiB, all of one size.
 // 2 ranks, all-gather exchange in one chunk, 5 interleaved runs, medians, us (64 KiB pieces /
 // up to 1 MiB / Open MPI): 1 MiB 82 / 69 / 66; 4 MiB 337 / 237 / 266; 16 MiB 2536 / 2460 /
 // 2721. Not for the crowded flat broadcast's 8 MiB chunks (one root helping 7 receivers): 8
@@ -114,7 +115,10 @@ constexpr size_t kPieceMin = 64 << 10;
 constexpr size_t kTwoRankPieceMax = 1 << 20;
 inline size_t pieceBytes(size_t n, bool twoRanks) {
   size_t p = std::max(kPieceMin, (n + 63) / 64);
-  if (twoRanks) p = std::max(p, std::min(kTwoRankPieceMax, (n + 1) / 2));
+  if (twoRanks) {
+    const size_t pieces = std::max<size_t>(2, (n + kTwoRankPieceMax - 1) / kTwoRankPieceMax);
+    p = std::max(p, (n + pieces - 1) / pieces);
+  }
   return (p + 4095) / 4096 * 4096;
 }
 inline uint32_t pieceCount(size_t n, size_t piece) { return uint32_t((n + piece - 1) / piece); }
@@ -529,7 +533,7 @@ class ShmTransport : public Transport {
     auto* help = new (static_cast<char*>(base.value()) + sizeof(FifoCtrl)) ShmHelp();
     for (int k = 0; k < kSteps; ++k) {
       help->dst[k].store(0), help->bytes[k].store(0), help->claim[k].store(0);
-      help->done[k].store(0);
+      help->done[k].store(0), help->piece[k].store(0);
     }
     help->senderMin.store(0);
     ctrl->broken.store(0);
@@ -540,10 +544,12 @@ class ShmTransport : public Transport {
     const PeerInfo& p = comm_.peers()[static_cast<size_t>(spec.peer)];
     auto conn = std::make_unique<ShmConnection>(spec, comm_.rank(), base.value(), d.bytes, d.name,
                                                 true, p.pid, checkPid(p));
-    // The receiving side copies whatever slots the sender publishes by address.
-    if (singleCopy_) {
-      conn->enableSingleCopy(sameProcess(p), 0, false, slowGBps_);
-    }
+    // The receiving side copies whatever slots the sender publishes by address, whatever this
+    // rank's own TUTTI_SHM_SINGLE_COPY says (that governs what it sends): a sender that has it
+    // on, and could read this process when it connected, may publish any payload from its
+    // minimum by address, bigger than a slot too. Below the published minimum (none: no
+    // single copy there) the receiver posts no claim, so this costs nothing otherwise.
+    conn->enableSingleCopy(sameProcess(p), 0, false, slowGBps_);
     return std::unique_ptr<Connection>(std::move(conn));
   }
 
