@@ -104,8 +104,14 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // behind it since the per-message savings of d07441b-d837d1d: 8 ranks on 2 cores, in place,
     // 6-8 interleaved runs, medians, us (flat / chain / Open MPI): 64 KiB 62 / 38 / 53;
     // 256 KiB 183 / 95 / 150; 2 MiB 1249 / 1104 / 1038; 16 MiB 13280 / 8912 / 11071; 64 MiB
-    // 54612 / 43237 / 42293 (runs begun in both cache states). TUTTI_FLAT_BROADCAST_MIN_BYTES
-    // turns it on (below: 0 by default).
+    // 54612 / 43237 / 42293 (runs begun in both cache states). But while the two vCPUs sit
+    // on different dies (a cache line's round trip ~330 ns, not ~85) the chain's hand-offs of
+    // freshly written lines cost most and the flat broadcast, reading the root's clean buffer,
+    // wins: 256 KiB 281-363 / 158-159 / 186-229 (chain / flat / Open MPI); 2 MiB 2322-2576 /
+    // 1205-1337 / 1311-1382; 16 MiB 11638 / 11145 / 10823; in the fast state at the same
+    // minutes 2 MiB 628-736 / 915-1188 / 805-1362, 16 MiB 7954-8079 / 9325-10780 / 9252-9573.
+    // Ranks would have to agree on a switch by state; the chain stays, for machines whose
+    // cores share a cache. TUTTI_FLAT_BROADCAST_MIN_BYTES turns the flat one on (below: 0).
   }
   flatMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_MAX_BYTES", int64_t(flatDefault)));
   flatGatherMaxBytes_ = static_cast<size_t>(
