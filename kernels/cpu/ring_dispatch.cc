@@ -228,6 +228,13 @@ void byTypeAndFn(const CollArgs& op, Waiter* w, Body&& body) {
 // chunks (the slot) 14.4 ms, 2 MiB 10.7, 8 MiB 10.1; Open MPI 10.5.
 constexpr size_t kAddressChunkBytes = 8 << 20;
 
+// The next chunk of `left` bytes to send: up to `big` where the link sends it by address for
+// certain, up to a slot otherwise (big == slot: a slot, nothing to ask).
+size_t chunkToSend(const HostPrims<uint8_t, CopyOnly>& p, size_t left, size_t slot, size_t big) {
+  const size_t most = std::min(big, left);
+  return big > slot && p.sendsByAddress(static_cast<int>(most)) ? most : std::min(slot, left);
+}
+
 // Sends [sendIn, +sendLen) of p's input (copied to [sendOut, ...) of its output unless that is
 // the same memory) and receives [recvAt, +recvLen) of its output, a send and a receive in
 // turn so that two partners never both wait to send. Sends go in chunks of up to `big` where
@@ -238,10 +245,7 @@ void exchangeChunks(HostPrims<uint8_t, CopyOnly>& p, size_t sendIn, size_t sendO
   size_t sent = 0, got = 0;
   while ((sent < sendLen || got < recvLen) && !w->failed()) {
     if (sent < sendLen) {
-      const size_t left = sendLen - sent;
-      const size_t len = big > slot && p.sendsByAddress(static_cast<int>(std::min(big, left)))
-                             ? std::min(big, left)
-                             : std::min(slot, left);
+      const size_t len = chunkToSend(p, sendLen - sent, slot, big);
       p.copySend(sendIn + sent, sendOut + sent, static_cast<int>(len));
       sent += len;
     }
@@ -366,11 +370,7 @@ void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int n, const F
   // the count still fail on the size.
   if (rank != op.root) {
     HostPrims<uint8_t, CopyOnly> p(nullptr, links.recv[size_t(op.root)], out, out, CopyOnly{}, w);
-    for (size_t at = 0; at < bytes && !w->failed();) {
-      const size_t len = std::min(p.nextByAddress() ? big : slot, bytes - at);
-      p.recv(at, static_cast<int>(len));
-      at += len;
-    }
+    exchangeChunks(p, 0, 0, 0, 0, bytes, slot, big, w);
     p.finish();
     return;
   }
@@ -388,10 +388,7 @@ void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int n, const F
     more = false;
     for (size_t d = 0; d < to.size(); ++d) {
       if (at[d] >= bytes) continue;
-      const size_t left = bytes - at[d];
-      const size_t len = to[d].sendsByAddress(static_cast<int>(std::min(big, left)))
-                             ? std::min(big, left)
-                             : std::min(slot, left);
+      const size_t len = chunkToSend(to[d], bytes - at[d], slot, big);
       to[d].send(at[d], static_cast<int>(len));
       at[d] += len;
       more |= at[d] < bytes;
@@ -432,7 +429,6 @@ void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra, boo
   if (movesBytes(op.kind)) {
     HostPrims<uint8_t, CopyOnly> p(s, r, static_cast<const uint8_t*>(op.send),
                                    static_cast<uint8_t*>(op.recv), CopyOnly{}, w);
-    if (byAddress) p.preferAddress();
     if (op.kind == CollKind::kAllGather) {
       algo::ringAllGather(p, ra);
     } else {
