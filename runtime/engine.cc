@@ -76,7 +76,7 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   }
   rdLinks_.gatherByAddress = crowded;
   size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
-  size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0;
+  size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0, stateBcastDefault = 0;
   if (crowded) {
     rdDefault = anyNet ? (comm.nranks() >= 8 ? 0 : 256 << 10) : 16 << 10;
     treeDefault = anyNet ? 256 << 10 : 128 << 10;
@@ -110,8 +110,17 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // wins: 256 KiB 281-363 / 158-159 / 186-229 (chain / flat / Open MPI); 2 MiB 2322-2576 /
     // 1205-1337 / 1311-1382; 16 MiB 11638 / 11145 / 10823; in the fast state at the same
     // minutes 2 MiB 628-736 / 915-1188 / 805-1362, 16 MiB 7954-8079 / 9325-10780 / 9252-9573.
-    // Ranks would have to agree on a switch by state; the chain stays, for machines whose
-    // cores share a cache. TUTTI_FLAT_BROADCAST_MIN_BYTES turns the flat one on (below: 0).
+    // So over shm the root picks by state (flatBroadcastNow: its copies into the ring's slots
+    // run slow in the slow state) and tells the others first, from 128 KiB to 4 MiB. A survey
+    // of 8 ranks, in place, each run between two line round trips, every variant in turn, 17
+    // minutes, medians, us (state / chain / flat / Open MPI): both round trips under 150 ns,
+    // 80-104 runs each: 256 KiB 91 / 87 / 162 / 145; 1 MiB 357 / 378 / 593 / 490; 2 MiB 999 /
+    // 1012 / 1150 / 974; 4 MiB 2113 / 2046 / 2441 / 2316; 16 MiB (chain) 8681 / 12662 / 11843;
+    // both over 250 ns, 5-20 runs each: 256 KiB 242 / 397 / 195 / 217; 1 MiB 817 / 1296 / 826 /
+    // 854; 2 MiB 1755 / 1963 / 1615 / 1623; 4 MiB 3148 / 3573 / 3484 / 3312; 16 MiB (chain)
+    // 12825 / 14221 / 12891, so not above 4 MiB. TUTTI_FLAT_BROADCAST_MIN_BYTES turns the flat
+    // one on for good (below: 0).
+    stateBcastDefault = anyNet ? 0 : 128 << 10;
   }
   flatMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_MAX_BYTES", int64_t(flatDefault)));
   flatGatherMaxBytes_ = static_cast<size_t>(
@@ -122,6 +131,10 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
       env::getInt("TUTTI_TREE_ALLGATHER_MAX_BYTES", int64_t(treeGatherDefault)));
   rdMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_RD_MAX_BYTES", int64_t(rdDefault)));
   flatBcastMinBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_BROADCAST_MIN_BYTES", 0));
+  stateBcastMinBytes_ = static_cast<size_t>(
+      env::getInt("TUTTI_STATE_BROADCAST_MIN_BYTES", int64_t(stateBcastDefault)));
+  stateBcastMaxBytes_ =
+      static_cast<size_t>(env::getInt("TUTTI_STATE_BROADCAST_MAX_BYTES", int64_t(4) << 20));
   treeMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_TREE_MAX_BYTES", int64_t(treeDefault)));
   // With a core per rank, waits busy-poll (answers come in well under a microsecond), for up
   // to 1 ms so that a short hiccup of the peer (another process, the hypervisor) does not
@@ -139,11 +152,12 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
       "rank %d: CPU engine, %d-%d channels, %zu-byte ring chunks at most; all-reduce by "
       "flat exchange up to %zu bytes, recursive doubling up to %zu, binomial tree up to %zu; "
       "all-gather by flat exchange up to %zu, binomial tree up to %zu, recursive doubling up to "
-      "%zu; flat broadcast from %zu (0: never)%s; waits spin up to %lld ns",
+      "%zu; flat broadcast from %zu (0: never), flat or chain by the machine's state from %zu "
+      "(0: never) to %zu%s; waits spin up to %lld ns",
       comm.rank(), minChannels_, maxChannels_, comm.links().ringStepBytes(), flatMaxBytes_,
       rdMaxBytes_, treeMaxBytes_, flatGatherMaxBytes_, treeGatherMaxBytes_, rdGatherMaxBytes_,
-      flatBcastMinBytes_, crowded ? " (more ranks than CPUs on a machine)" : "",
-      static_cast<long long>(spinNs_));
+      flatBcastMinBytes_, stateBcastMinBytes_, stateBcastMaxBytes_,
+      crowded ? " (more ranks than CPUs on a machine)" : "", static_cast<long long>(spinNs_));
 }
 
 Engine::~Engine() = default;
@@ -246,6 +260,18 @@ Status Engine::runCollective(const CollArgs& op) {
       total >= flatBcastMinBytes_) {
     return runFlat(op, state);
   }
+  if (op.kind == CollKind::kBroadcast && n > 2 && stateBcastMinBytes_ != 0 &&
+      total >= stateBcastMinBytes_ && total <= stateBcastMaxBytes_) {
+    Status s = ensureFlatLinks(state);
+    if (!s.ok()) return s;
+    bool flat = r == op.root && flatBroadcastNow();
+    {
+      Waiter w(&state);
+      flat = cpu::shareBroadcastChoice(op, r, n, flatLinks_, flat, &w);
+    }
+    if (!state.status().ok()) return state.status();
+    if (flat) return runFlat(op, state);
+  }
   transport::FifoView** sendTo = ringSend_;
   transport::FifoView** recvFrom = ringRecv_;
   if (n > 1 && count > 0 && !ringSend_[nch - 1]) {  // channels are set up in order
@@ -311,7 +337,25 @@ Status Engine::runCollective(const CollArgs& op) {
   return state.status();
 }
 
-Status Engine::runFlat(const CollArgs& op, OpState& state) {
+bool Engine::flatBroadcastNow() {
+  transport::Connection* c = ringSend_[0] ? ringSend_[0]->conn : nullptr;
+  const bool slow = c && c->copiesRunSlow();
+  if (slow != flatByState_) {
+    TUTTI_INFO(log::kColl,
+               "rank %d: copies into the ring's slots run %s: broadcasts from %zu bytes go %s",
+               comm_.rank(), slow ? "slow" : "fast", stateBcastMinBytes_,
+               slow ? "flat" : "by the ring chain");
+    flatByState_ = slow;
+  }
+  if (!slow) flatSinceVerdict_ = 0;
+  if (slow && ++flatSinceVerdict_ >= kStateRecheck) {
+    c->forgetSlowCopies();  // the chain's next copies into the slots time the machine again
+    flatSinceVerdict_ = 0;
+  }
+  return slow;
+}
+
+Status Engine::ensureFlatLinks(OpState& state) {
   const int n = comm_.nranks(), r = comm_.rank();
   if (flatLinks_.send.empty()) {
     std::vector<LinkNeed> needs;
@@ -329,6 +373,13 @@ Status Engine::runFlat(const CollArgs& op, OpState& state) {
       flatLinks_.recv[size_t(p)] = comm_.links().recv(p, 0);
     }
   }
+  return Status::Ok();
+}
+
+Status Engine::runFlat(const CollArgs& op, OpState& state) {
+  const int n = comm_.nranks(), r = comm_.rank();
+  Status s = ensureFlatLinks(state);
+  if (!s.ok()) return s;
   Waiter w(&state);
   if (op.kind == CollKind::kAllGather) {
     cpu::runFlatAllGather(op, op.count * dtypeSize(op.dtype), r, n, flatLinks_, &w);

@@ -44,6 +44,13 @@ class Engine {
   // tree: the binomial tree over recursive doubling's links (collectives/recursive_doubling.h).
   Status runRecursiveDoubling(const CollArgs& op, OpState& state, bool tree);
   Status runFlat(const CollArgs& op, OpState& state);
+  Status ensureFlatLinks(OpState& state);
+  // The root of a broadcast from stateBcastMinBytes_: flat while copies into the ring's slots
+  // run slow (the shm link to the next rank says: Connection::copiesRunSlow), the chain
+  // otherwise. After kStateRecheck flat ones in a row the verdict is forgotten, so that the
+  // chain's copies time the machine again.
+  bool flatBroadcastNow();
+  static constexpr uint32_t kStateRecheck = 64;
   Status runP2p(const std::vector<const CollArgs*>& ops);
 
   Comm& comm_;
@@ -57,8 +64,12 @@ class Engine {
   size_t rdGatherMaxBytes_;    // then (a power of two of ranks) recursive doubling
   size_t treeGatherMaxBytes_;  // then the binomial tree
   size_t flatBcastMinBytes_;   // broadcasts of 3+ ranks from this size: flat (0: never)
-  int64_t spinNs_;             // how long a wait busy-polls before yielding (0 when oversubscribed)
-  std::mutex mu_;              // one group at a time per communicator
+  size_t stateBcastMinBytes_;  // and from this size flat or chain by state (0: never)
+  size_t stateBcastMaxBytes_;  // up to this one
+  bool flatByState_ = false;   // the root's last choice (flatBroadcastNow)
+  uint32_t flatSinceVerdict_ = 0;
+  int64_t spinNs_;  // how long a wait busy-polls before yielding (0 when oversubscribed)
+  std::mutex mu_;   // one group at a time per communicator
   std::vector<std::unique_ptr<Worker>> channelWorkers_;
   // Ring links per channel once made (the common case skips Links entirely).
   static constexpr int kMaxChannels = 16;

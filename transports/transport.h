@@ -182,6 +182,11 @@ class Connection {
   virtual bool directPaysIntoSlot() const { return true; }
   // Sender: whether big payloads go by address (single copy) at the moment.
   virtual bool bigByAddress() const { return false; }
+  // Sender: whether the last verdict on copies into this link's slots was "slow" (shm's
+  // adaptive single copy: the two CPUs sit on different dies) and still holds; and forgetting
+  // it, so that the next big payloads go through the slots and time the copies again.
+  virtual bool copiesRunSlow() const { return false; }
+  virtual void forgetSlowCopies() {}
   // Receiver: the engine is about to wait for `step`, whose payload should be `bytes` long; it
   // wants it in dst (nullptr: in the slot). step UINT64_MAX: no wait pending -- the engine's
   // buffers are about to go back to its caller. From the call on the peer may write dst (shm

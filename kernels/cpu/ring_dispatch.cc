@@ -398,6 +398,25 @@ void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int n, const F
   for (auto& p : to) p.finish();
 }
 
+bool shareBroadcastChoice(const CollArgs& op, int rank, int n, const FlatLinks& links, bool flat,
+                          Waiter* w) {
+  uint8_t choice = flat ? 1 : 0;
+  if (rank != op.root) {
+    HostPrims<uint8_t, CopyOnly> p(nullptr, links.recv[size_t(op.root)], nullptr, &choice,
+                                   CopyOnly{}, w);
+    p.recv(0, 1);
+    p.finish();
+    return !w->failed() && choice == 1;
+  }
+  for (int d = 1; d < n && !w->failed(); ++d) {
+    HostPrims<uint8_t, CopyOnly> p(links.send[size_t((rank + d) % n)], nullptr, &choice, nullptr,
+                                   CopyOnly{}, w);
+    p.send(0, 1);
+    p.finish();
+  }
+  return flat && !w->failed();
+}
+
 bool movesBytes(CollKind kind) {
   return kind == CollKind::kAllGather || kind == CollKind::kBroadcast;
 }

@@ -576,6 +576,90 @@ TEST(FlatBroadcast, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails)
 // side copies some; a block under the single-copy minimum, or any without single copy, goes
 // in slot-sized chunks. Every rank gets the blocks, in place or not, from either root; a rank
 // that disagrees on the count fails naming the sizes, and none hangs.
+// Broadcasts of 3+ ranks over shm from TUTTI_STATE_BROADCAST_MIN_BYTES: the root goes flat
+// while its copies into the ring's slots run slow (adaptive single copy's verdict), by the ring
+// chain otherwise, and first tells every rank which. With the threshold at 10^6 GB/s every
+// copy is slow: the chain until the verdict, then 64 flat ones, then the chain again (the
+// verdict forgotten, the copies timed anew); at 0 never slow: the chain throughout. The
+// root's link to the rank two ahead shows which ran: one step (the choice) for the chain,
+// more for the flat one. Every rank gets the root's bytes, whichever way, from any root.
+TEST(StateBroadcast, FlatWhileSlotCopiesRunSlowTheChainOtherwise) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
+  ScopedEnv channels("NCCL_MAX_NCHANNELS", "1");
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  ScopedEnv mode("TUTTI_SHM_SINGLE_COPY", nullptr);
+  ScopedEnv flat("TUTTI_FLAT_BROADCAST_MIN_BYTES", nullptr);
+  ScopedEnv state("TUTTI_STATE_BROADCAST_MIN_BYTES", "65536");
+  const int n = 4, ops = 100;
+  for (const char* slowGBps : {"1000000", "0"}) {
+    SCOPED_TRACE(std::string("TUTTI_SHM_SLOW_GBPS=") + slowGBps);
+    ScopedEnv slow("TUTTI_SHM_SLOW_GBPS", slowGBps);
+    std::vector<ncclComm_t> comms = initThreads(n);
+    const size_t count = (256 << 10) + 5;
+    auto value = [](size_t i, int op) { return uint8_t(i * 131 + size_t(op) * 7 + 1); };
+    std::vector<uint64_t> steps(ops);  // root 0's sends to rank 2, per broadcast from rank 0
+    uint64_t bigSteps = 1;
+    onThreads(n, [&](int r) {
+      ncclComm_t c = comms[size_t(r)];
+      tutti::Links& links = reinterpret_cast<tutti::Comm*>(c)->links();
+      std::vector<uint8_t> buf(count), out(count);
+      for (int op = 0; op < ops; ++op) {
+        // Root 0 mostly, now and then another (in place or not).
+        const int root = op % 10 == 9 ? 1 + op % 3 : 0;
+        const bool inPlace = op % 3 != 1;
+        for (size_t i = 0; i < count; ++i) buf[i] = r == root ? value(i, op) : 0;
+        std::fill(out.begin(), out.end(), 0);
+        uint8_t* to = inPlace ? buf.data() : out.data();
+        const tutti::transport::FifoView* f = links.send(2, 0);  // made by the first broadcast
+        const uint64_t before = f ? f->step : 0;
+        ASSERT_EQ(ncclBroadcast(buf.data(), to, count, ncclUint8, root, c, nullptr), ncclSuccess)
+            << ncclGetLastError(c);
+        if (r == 0 && root == 0) steps[size_t(op)] = links.send(2, 0)->step - before;
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(to[i], value(i, op)) << "rank " << r << " op " << op << " root " << root
+                                         << " in place " << inPlace << " at " << i;
+        }
+      }
+      // Above TUTTI_STATE_BROADCAST_MAX_BYTES (4 MiB): the chain, and no choice sent.
+      std::vector<uint8_t> big((4 << 20) + 1, r == 0 ? 7 : 0);
+      const uint64_t before = r == 0 ? links.send(2, 0)->step : 0;
+      ASSERT_EQ(ncclBroadcast(big.data(), big.data(), big.size(), ncclUint8, 0, c, nullptr),
+                ncclSuccess);
+      if (r == 0) bigSteps = links.send(2, 0)->step - before;
+      EXPECT_EQ(std::count(big.begin(), big.end(), 7), std::ptrdiff_t(big.size())) << r;
+    });
+    EXPECT_EQ(bigSteps, 0u);
+    destroyAll(comms);
+    // The runs of flat (>1 step) and chain (1 step) broadcasts from root 0, in order.
+    std::vector<std::pair<bool, int>> runs;
+    for (int op = 0; op < ops; ++op) {
+      if (op % 10 == 9) continue;
+      ASSERT_GE(steps[size_t(op)], 1u) << "op " << op;
+      const bool isFlat = steps[size_t(op)] > 1;
+      if (runs.empty() || runs.back().first != isFlat) runs.push_back({isFlat, 0});
+      ++runs.back().second;
+    }
+    std::string shape;
+    for (auto& [isFlat, len] : runs)
+      shape += (isFlat ? " flat x" : " chain x") + std::to_string(len);
+    SCOPED_TRACE("root 0's broadcasts:" + shape);
+    if (std::string(slowGBps) == "0") {
+      EXPECT_EQ(runs.size(), 1u);
+      EXPECT_FALSE(runs[0].first);
+    } else {
+      // chain (until 8 timed copies), flat (64 choices, the other roots' among them), chain.
+      ASSERT_GE(runs.size(), 3u);
+      EXPECT_FALSE(runs[0].first);
+      EXPECT_LE(runs[0].second, 8);
+      EXPECT_TRUE(runs[1].first);
+      EXPECT_EQ(runs[1].second, 64);  // Engine::kStateRecheck
+      EXPECT_FALSE(runs[2].first);
+    }
+  }
+  EXPECT_EQ(leftoverShmSegments(), 0);
+}
+
 TEST(PairByAddress, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails) {
   ScopedEnv shm("NCCL_SHM_DISABLE", "0");
   ScopedEnv buff("NCCL_BUFFSIZE", nullptr);

@@ -136,14 +136,15 @@ TEST_P(ProcessMatrix, EveryCollectiveMatchesTheOracle) {
                      : "") +
       // 8 processes: adaptive single copy told that every slot copy is slow, so that each
       // connection moves from slots to addresses mid-run (from 256 bytes up); broadcasts of
-      // 4 KiB or more flat (the root's buffer read by every receiver, between processes).
+      // 4 KiB or more by state: the ring chain until the root's verdict, flat after it (the
+      // root's buffer read by every receiver, between processes).
       // 2 processes: all-gathers and broadcasts by address (process_vm_readv) from 256 bytes,
       // in chunks bigger than the 8 KiB slots -- from rank 0 only: rank 1 turns single copy
       // off for its sends, and must still take rank 0's.
       (s.nranks == 2 && std::string(s.transport) == "shm" ? " TUTTI_SHM_SINGLE_COPY_MIN=256" : "") +
       (s.nranks == 8 && std::string(s.transport) == "shm"
            ? " TUTTI_SHM_SLOW_GBPS=1000000 TUTTI_SHM_SINGLE_COPY_MIN=256"
-             " TUTTI_FLAT_BROADCAST_MIN_BYTES=4096"
+             " TUTTI_STATE_BROADCAST_MIN_BYTES=4096"
            : "");
   const bool shm2 = s.nranks == 2 && std::string(s.transport) == "shm";
   const std::string rank =

@@ -219,6 +219,15 @@ class ShmConnection : public Connection {
   bool directPaysIntoSlot() const override { return false; }
   // Whether payloads of minBytes or more go by single copy now (sender side).
   bool bigByAddress() const override { return minBytes_ != 0 && (!adaptive_ || directLeft_ > 0); }
+  bool copiesRunSlow() const override { return minBytes_ != 0 && adaptive_ && directLeft_ > 0; }
+  // The first copy into each slot after a pause does not count: the slot's lines may have
+  // left the other CPU's cache meanwhile, and then it runs fast whatever the state (as the
+  // first copies back into slots after kDirectSteps do).
+  void forgetSlowCopies() override {
+    directLeft_ = 0;
+    nRates_ = 0;
+    std::fill(std::begin(touched_), std::end(touched_), size_t(0));
+  }
   // TUTTI_SHM_SLOW_GBPS, 5 by default: a median copy into a slot below it counts as slow. On
   // this project's 2-vCPU VM, copying 64 KiB+ steps into slots ran at 20-35 GB/s while the two
   // vCPUs shared a die (a cache line's round trip 54-88 ns) and at 2.1-3.5 GB/s while they
