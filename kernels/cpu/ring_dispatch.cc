@@ -33,12 +33,16 @@ void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
     fn.hasPost = true;
     fn.postDivisor = static_cast<typename E::Acc>(ra.nranks);
   }
-  // The input goes to a peer that reduces it from its slot: straight from the input only
-  // where that saves a copy (tcp). Over shm, 2 ranks, 8 MiB all_reduce with every big payload
-  // by address: 1.6-2.2 ms against 0.95-1.03 through slots (the result's sends, which land in
-  // the peer's output, still go by address).
-  const bool inputDirect =
-      algo != Algo::kPair && sendTo && sendTo->conn && sendTo->conn->directPaysIntoSlot();
+  // The input goes to a peer that reduces it from its slot: straight from the input where
+  // that saves a copy (tcp), and over shm while copies into the peer's slots run slow (the
+  // two CPUs on different dies: the receiver pulling the input into its own slot beats the
+  // sender pushing it across). Over shm, 2 ranks, 8 MiB all_reduce with every big payload by
+  // address in the fast state: 1.6-2.2 ms against 0.95-1.03 through slots. In the slow state
+  // (a survey of 2 ranks, each run between two line round trips over 250 ns, 12-26 runs each,
+  // medians, us, inputs by address / through slots / Open MPI): 4 MiB 1595 / 2081 / 4340;
+  // 16 MiB 7892 / 8690 / 8130; 64 MiB 30546 / 32842 / 77498.
+  const bool inputDirect = algo != Algo::kPair && sendTo && sendTo->conn &&
+                           (sendTo->conn->directPaysIntoSlot() || sendTo->conn->copiesRunSlow());
   HostPrims<T, Reducer<T, F>> p(sendTo, recvFrom, static_cast<const T*>(op.send),
                                 static_cast<T*>(op.recv), fn, w, inputDirect);
   switch (op.kind) {
