@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <deque>
@@ -131,6 +132,10 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
       env::getInt("TUTTI_TREE_ALLGATHER_MAX_BYTES", int64_t(treeGatherDefault)));
   rdMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_RD_MAX_BYTES", int64_t(rdDefault)));
   flatBcastMinBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_BROADCAST_MIN_BYTES", 0));
+  // Two-rank shm all-gathers: by timing (unset or 1), by address (0), through the slots.
+  if (std::optional<std::string> v = env::getString("TUTTI_PAIR_TUNE")) {
+    pairWay_ = *v == "0" ? kPairByAddress : *v == "slots" ? kPairThroughSlots : kPairTimed;
+  }
   stateBcastMinBytes_ = static_cast<size_t>(
       env::getInt("TUTTI_STATE_BROADCAST_MIN_BYTES", int64_t(stateBcastDefault)));
   stateBcastMaxBytes_ =
@@ -323,17 +328,30 @@ Status Engine::runCollective(const CollArgs& op) {
   const size_t chunk = algo::pipelinedChunk(slotUnits, perRankShare, nch, steps,
                                             std::max<size_t>(kMinChunkBytes / unit, 1));
   const size_t per = algo::channelShare(count, nch);
+  // The exchange by address or through the slots: whichever this rank's recent ones of this
+  // size took less time (TwoWayTuner), for its own sends; the peer takes either.
+  cpu::Pair pair = pairByAddress ? cpu::Pair::kByAddress : cpu::Pair::kNo;
+  const int bucket = TwoWayTuner::bucketOf(total);
+  const bool tune = exchange && pairWay_ == kPairTimed;
+  if ((tune && pairTuner_.pick(bucket) == 1) || (exchange && pairWay_ == kPairThroughSlots)) {
+    pair = cpu::Pair::kThroughSlots;
+  }
+  const auto start = std::chrono::steady_clock::now();
   auto runChannel = [&](int c) {
     size_t base = std::min(per * size_t(c), count);
     algo::RingArgs ra{r, n, op.root, base, std::min(per, count - base), count, chunk};
     Waiter w(&state);
-    cpu::runRingChannel(op, algo, ra, pairByAddress, sendTo[c], recvFrom[c], &w);
+    cpu::runRingChannel(op, algo, ra, pair, sendTo[c], recvFrom[c], &w);
   };
   for (int c = 1; c < nch; ++c) {
     channelWorkers_[size_t(c - 1)]->post([&runChannel, c] { runChannel(c); });
   }
   runChannel(0);
   for (int c = 1; c < nch; ++c) channelWorkers_[size_t(c - 1)]->wait();
+  if (tune && state.status().ok()) {
+    const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - start;
+    pairTuner_.record(bucket, pair == cpu::Pair::kThroughSlots ? 1 : 0, took.count());
+  }
   return state.status();
 }
 

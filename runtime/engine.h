@@ -13,6 +13,7 @@
 #include "kernels/cpu/ring_dispatch.h"
 #include "runtime/coll_args.h"
 #include "runtime/status.h"
+#include "runtime/two_way_tuner.h"
 #include "runtime/workers.h"
 #include "transports/transport.h"
 
@@ -51,6 +52,11 @@ class Engine {
   // chain's copies time the machine again.
   bool flatBroadcastNow();
   static constexpr uint32_t kStateRecheck = 64;
+  // Two-rank shm all-gathers: by address or through the slots, whichever runs faster now
+  // (TUTTI_PAIR_TUNE pins one).
+  enum PairWay { kPairTimed, kPairByAddress, kPairThroughSlots };
+  PairWay pairWay_ = kPairTimed;
+  TwoWayTuner pairTuner_;
   Status runP2p(const std::vector<const CollArgs*>& ops);
 
   Comm& comm_;

@@ -67,6 +67,9 @@ enum class SendHow : uint8_t {
   // broadcast): shm copies such a payload in few big pieces (each costs a system call and a
   // claim), where many small ones balance a root's help among several receivers.
   kTwoRanks,
+  // Through the slot, whatever the adaptive choice says (the two-rank all-gather, when
+  // its run-time choice says the slots are faster now: Engine, TwoWayTuner).
+  kSlot,
 };
 
 class Connection;

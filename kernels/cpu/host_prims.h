@@ -35,8 +35,8 @@ class HostPrims {
   // Whether a send of n elements goes by address for certain (preferAddress set): it may then
   // be bigger than a slot.
   bool sendsByAddress(int n) const {
-    return how_ != transport::SendHow::kAdaptive && sendInputDirect_ &&
-           sendTo_->conn->sendsByAddress(size_t(n) * sizeof(T));
+    return how_ != transport::SendHow::kAdaptive && how_ != transport::SendHow::kSlot &&
+           sendInputDirect_ && sendTo_->conn->sendsByAddress(size_t(n) * sizeof(T));
   }
   // Receiver: waits for the next payload and says whether it came by address. False also when
   // the operation failed (the next call fails too).

@@ -425,15 +425,16 @@ bool movesBytes(CollKind kind) {
   return kind == CollKind::kAllGather || kind == CollKind::kBroadcast;
 }
 
-// Two ranks over shm, an all-gather or a broadcast by address (Engine::runRing): a block
-// goes in chunks of up to kAddressChunkBytes where the link sends it by address, in ra.chunk
-// pieces through the slots otherwise; the receiver tells which from each payload. All-gather:
-// each rank sends its block and takes the peer's, a send and a receive in turn.
-void runPairByAddress(const CollArgs& op, const algo::RingArgs& ra, transport::FifoView* s,
-                      transport::FifoView* r, Waiter* w) {
+// Two ranks over shm, an all-gather or a broadcast (Engine::runCollective): with byAddress a
+// block goes in chunks of up to kAddressChunkBytes where the link sends it by address, in
+// ra.chunk pieces through the slots otherwise (and always without byAddress); the receiver
+// tells which from each payload.
+// All-gather: each rank sends its block and takes the peer's, a send and a receive in turn.
+void runPairByAddress(const CollArgs& op, const algo::RingArgs& ra, bool byAddress,
+                      transport::FifoView* s, transport::FifoView* r, Waiter* w) {
   HostPrims<uint8_t, CopyOnly> p(s, r, static_cast<const uint8_t*>(op.send),
                                  static_cast<uint8_t*>(op.recv), CopyOnly{}, w);
-  p.preferAddress(transport::SendHow::kTwoRanks);
+  p.preferAddress(byAddress ? transport::SendHow::kTwoRanks : transport::SendHow::kSlot);
   const size_t slot = std::max<size_t>(1, ra.chunk), big = std::max(slot, kAddressChunkBytes);
   const bool gather = op.kind == CollKind::kAllGather;
   // What this rank sends (from the input at ra.base, to the output at `mine`) and receives
@@ -446,9 +447,11 @@ void runPairByAddress(const CollArgs& op, const algo::RingArgs& ra, transport::F
   p.finish();
 }
 
-void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra, bool byAddress,
+void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra, Pair pair,
                     transport::FifoView* s, transport::FifoView* r, Waiter* w) {
-  if (byAddress && ra.nranks == 2 && movesBytes(op.kind)) return runPairByAddress(op, ra, s, r, w);
+  if (pair != Pair::kNo && ra.nranks == 2 && movesBytes(op.kind)) {
+    return runPairByAddress(op, ra, pair == Pair::kByAddress, s, r, w);
+  }
   if (movesBytes(op.kind)) {
     HostPrims<uint8_t, CopyOnly> p(s, r, static_cast<const uint8_t*>(op.send),
                                    static_cast<uint8_t*>(op.recv), CopyOnly{}, w);

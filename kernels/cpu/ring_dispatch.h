@@ -13,9 +13,13 @@ namespace tutti::cpu {
 // Copy-only collectives (AllGather, Broadcast) run on bytes: counts in ra are in bytes.
 bool movesBytes(CollKind kind);
 enum class Algo { kRing, kPair };
-// byAddress: two ranks' byte-moving collectives send by address wherever the transport can,
-// in chunks bigger than a slot and few pieces (runPairByAddress; SendHow::kTwoRanks).
-void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra, bool byAddress,
+// Two ranks' byte-moving collectives over shm (runPairByAddress), as a send and a receive of
+// each block: kByAddress sends by address wherever the transport can, in chunks bigger than a
+// slot and few pieces (SendHow::kTwoRanks); kThroughSlots sends slot-sized chunks through
+// the slots (SendHow::kSlot). The receiver takes either, whatever it sends itself. kNo: the
+// ring.
+enum class Pair { kNo, kByAddress, kThroughSlots };
+void runRingChannel(const CollArgs& op, Algo algo, const algo::RingArgs& ra, Pair pair,
                     transport::FifoView* sendTo, transport::FifoView* recvFrom, Waiter* w);
 
 }  // namespace tutti::cpu

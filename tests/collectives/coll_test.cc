@@ -576,6 +576,59 @@ TEST(FlatBroadcast, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails)
 // side copies some; a block under the single-copy minimum, or any without single copy, goes
 // in slot-sized chunks. Every rank gets the blocks, in place or not, from either root; a rank
 // that disagrees on the count fails naming the sizes, and none hangs.
+// The two-rank shm all-gather by timing (TwoWayTuner): the first runs of each size alternate
+// between sending by address and through the slots, then each rank sends the way its recent
+// runs were faster, and tries the other now and then -- so a rank may send one way while its
+// peer sends the other, and each takes what comes. Pinned through the slots
+// (TUTTI_PAIR_TUNE=slots) a 6 MiB all-gather is many slot-sized steps, where by address it
+// is one (PairByAddress).
+TEST(PairTune, AllGathersByTimingOrThroughTheSlotsAreExact) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
+  ScopedEnv channels("NCCL_MAX_NCHANNELS", "1");
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  ScopedEnv copy("TUTTI_SHM_SINGLE_COPY", "1");
+  for (const char* way : {"1", "slots"}) {
+    ScopedEnv tune("TUTTI_PAIR_TUNE", way);
+    SCOPED_TRACE(std::string("TUTTI_PAIR_TUNE=") + way);
+    std::vector<ncclComm_t> comms = initThreads(2);
+    auto value = [](size_t i, int r, int op) { return uint8_t(i * 131 + size_t(r) * 7 + op); };
+    std::vector<uint64_t> steps(2);
+    onThreads(2, [&](int r) {
+      ncclComm_t c = comms[size_t(r)];
+      const std::vector<size_t> counts{(256 << 10) + 3, (6 << 20) + 3, 5000};
+      const int ops = std::string(way) == "1" ? 60 : 3;
+      for (int op = 0; op < ops; ++op) {
+        const size_t count = counts[size_t(op) % counts.size()];
+        std::vector<uint8_t> send(count), recv(2 * count, 0);
+        for (size_t i = 0; i < count; ++i) send[i] = value(i, r, op);
+        const tutti::transport::FifoView* f =
+            reinterpret_cast<tutti::Comm*>(c)->links().send(1 - r, 0);
+        const uint64_t before = f ? f->step : 0;
+        ASSERT_EQ(ncclAllGather(send.data(), recv.data(), count, ncclUint8, c, nullptr),
+                  ncclSuccess)
+            << ncclGetLastError(c);
+        if (count == counts[1] && f) {
+          steps[size_t(r)] =
+              reinterpret_cast<tutti::Comm*>(c)->links().send(1 - r, 0)->step - before;
+        }
+        for (int q = 0; q < 2; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(recv[size_t(q) * count + i], value(i, q, op))
+                << "rank " << r << " op " << op << " count " << count << " block " << q << " at "
+                << i;
+          }
+        }
+      }
+    });
+    destroyAll(comms);
+    if (std::string(way) == "slots") {
+      EXPECT_GT(steps[0], 1u);
+      EXPECT_GT(steps[1], 1u);
+    }
+  }
+}
+
 // Broadcasts of 3+ ranks over shm from TUTTI_STATE_BROADCAST_MIN_BYTES: the root goes flat
 // while its copies into the ring's slots run slow (adaptive single copy's verdict), by the ring
 // chain otherwise, and first tells every rank which. With the threshold at 10^6 GB/s every
@@ -662,6 +715,7 @@ TEST(StateBroadcast, FlatWhileSlotCopiesRunSlowTheChainOtherwise) {
 
 TEST(PairByAddress, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails) {
   ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv tune("TUTTI_PAIR_TUNE", "0");  // the all-gather by address, not by timing
   ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
   ScopedEnv channels("NCCL_MAX_NCHANNELS", "1");
   ScopedEnv timeout("TUTTI_TIMEOUT", "20");
