@@ -321,8 +321,12 @@ Status Engine::runCollective(const CollArgs& op) {
   // place, 5 interleaved runs, medians, us (by address / slots / Open MPI): 128 KiB 13.0 /
   // 59.9 (13.7-79.0) / 14.9; 256 KiB 20.4 / 26.7 / 26.5; 1 MiB 81.9 / 100.8 / 108.1; 4 MiB
   // 320 / 390 / 445; 16 MiB 3008 / 3706 / 3255; 64 MiB 12065 / 9903 / 9767.
-  const bool pairByAddress =
-      n == 2 && bytes && !comm_.links().ringUsesNet() && total <= kPairByAddressMaxBytes;
+  // All-gathers by timing (TwoWayTuner, below) take the pair path at every size: above 16 MiB
+  // the slots win in the fast state and by address in the slow one (64 MiB: 15.5 ms through
+  // the slots against Open MPI's 9.5, with a cache line's round trip at 335 ns).
+  const bool pairByAddress = n == 2 && bytes && !comm_.links().ringUsesNet() &&
+                             (total <= kPairByAddressMaxBytes ||
+                              (op.kind == CollKind::kAllGather && pairWay_ == kPairTimed));
   const bool exchange = pairByAddress && op.kind == CollKind::kAllGather;
   const size_t steps = (n == 2 && comm_.links().ringUsesNet()) || exchange ? 1 : kPipelineSteps;
   const size_t chunk = algo::pipelinedChunk(slotUnits, perRankShare, nch, steps,
