@@ -76,6 +76,7 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     if (p.rank == comm.rank()) oversubscribed = over;
   }
   rdLinks_.gatherByAddress = crowded;
+  rdLinks_.gatherTimed = crowded;
   size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
   size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0, stateBcastDefault = 0;
   if (crowded) {
@@ -435,8 +436,23 @@ Status Engine::runRecursiveDoubling(const CollArgs& op, OpState& state, bool tre
     }
     rdReady_ = true;
   }
-  Waiter w(&state);
-  cpu::runRecursiveDoubling(op, r, n, rdLinks_, tree, &w);
+  // Crowded all-gathers: each stage by address or through the slots, whichever this rank's
+  // recent ones of this size took less time (TwoWayTuner; as the two-rank exchange).
+  const bool timed = op.kind == CollKind::kAllGather && rdLinks_.gatherTimed;
+  const int bucket = TwoWayTuner::bucketOf(op.count * dtypeSize(op.dtype) * size_t(n));
+  if (timed) {
+    rdLinks_.gatherByAddress =
+        pairWay_ == kPairTimed ? gatherTuner_.pick(bucket) == 0 : pairWay_ == kPairByAddress;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  {
+    Waiter w(&state);
+    cpu::runRecursiveDoubling(op, r, n, rdLinks_, tree, &w);
+  }
+  if (timed && pairWay_ == kPairTimed && state.status().ok()) {
+    const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - start;
+    gatherTuner_.record(bucket, rdLinks_.gatherByAddress ? 0 : 1, took.count());
+  }
   return state.status();
 }
 

@@ -57,6 +57,7 @@ class Engine {
   enum PairWay { kPairTimed, kPairByAddress, kPairThroughSlots };
   PairWay pairWay_ = kPairTimed;
   TwoWayTuner pairTuner_;
+  TwoWayTuner gatherTuner_;  // the crowded doubling all-gather's stages, the same way
   Status runP2p(const std::vector<const CollArgs*>& ops);
 
   Comm& comm_;

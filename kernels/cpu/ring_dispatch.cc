@@ -296,8 +296,13 @@ void runRdAllGather(const CollArgs& op, size_t bytes, int rank, int n, const RdL
     // stage is an exchange, both partners busy. 8 ranks on 2 cores, 5 interleaved runs,
     // medians, us (slot-sized chunks of 64 KiB pieces / big chunks of big pieces / Open MPI):
     // 256 KiB 213 / 204 / 212; 2 MiB 2181 / 1368 / 1668; 16 MiB 18380 / 15053 / 16438.
-    if (links.gatherByAddress) p.preferAddress(transport::SendHow::kTwoRanks);
-    const size_t big = links.gatherByAddress ? std::max(slot, kAddressChunkBytes) : slot;
+    if (links.gatherByAddress) {
+      p.preferAddress(transport::SendHow::kTwoRanks);
+    } else if (links.gatherTimed) {
+      p.preferAddress(transport::SendHow::kSlot);
+    }
+    const size_t big =
+        links.gatherByAddress || links.gatherTimed ? std::max(slot, kAddressChunkBytes) : slot;
     exchangeChunks(p, sendAt, sendAt, to ? len : 0, recvAt, from ? len : 0, slot, big, w);
     p.finish();
   };

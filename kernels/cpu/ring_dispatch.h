@@ -34,8 +34,11 @@ struct RdLinks {
   transport::FifoView* recv[32] = {};
   // All-gathers send every block by address where the transport can (shm single copy),
   // whatever the adaptive choice says, in chunks bigger than a slot and few pieces
-  // (SendHow::kTwoRanks: each stage is an exchange): set where ranks share cores (Engine).
+  // (SendHow::kTwoRanks: each stage is an exchange); with gatherTimed and not gatherByAddress,
+  // through the slots (SendHow::kSlot). gatherTimed: where ranks share cores, the engine picks
+  // per operation by timing (TwoWayTuner); then every rank takes chunks of either size.
   bool gatherByAddress = false;
+  bool gatherTimed = false;
 };
 // tree: the binomial tree's reduce and broadcast over the same links instead.
 void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLinks& links, bool tree,
