@@ -76,9 +76,9 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     if (p.rank == comm.rank()) oversubscribed = over;
   }
   rdLinks_.gatherByAddress = crowded;
-  rdLinks_.gatherTimed = crowded;
+  rdLinks_.gatherTimed = crowded && !anyNet;  // tcp sends every way alike
   size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
-  size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0, stateBcastDefault = 0;
+  size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0;
   if (crowded) {
     rdDefault = anyNet ? (comm.nranks() >= 8 ? 0 : 256 << 10) : 16 << 10;
     treeDefault = anyNet ? 256 << 10 : 128 << 10;
@@ -101,9 +101,9 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // 169, 214, 211; 2 MiB 1103, 1314, 1061; 16 MiB 15035, 14205, 13998. With 4 ranks the ring
     // stays (256 KiB: ring 60, doubling 91, Open MPI 85; 2 MiB 667, 687, 547).
     rdGatherDefault = comm.nranks() < 8 ? 0 : size_t(1) << 62;
-    // Broadcasts stay on the ring chain. The flat broadcast (every receiver reading the root's
-    // buffer by address) measured ahead of it once (8 ranks, 256 KiB: 153 against 214 us) but
-    // behind it since the per-message savings of d07441b-d837d1d: 8 ranks on 2 cores, in place,
+    // Broadcasts stay on the ring chain by default. The flat broadcast (every receiver reading the
+    // root's buffer by address) measured ahead of it once (8 ranks, 256 KiB: 153 against 214 us)
+    // but behind it since the per-message savings of d07441b-d837d1d: 8 ranks on 2 cores, in place,
     // 6-8 interleaved runs, medians, us (flat / chain / Open MPI): 64 KiB 62 / 38 / 53;
     // 256 KiB 183 / 95 / 150; 2 MiB 1249 / 1104 / 1038; 16 MiB 13280 / 8912 / 11071; 64 MiB
     // 54612 / 43237 / 42293 (runs begun in both cache states). But while the two vCPUs sit
@@ -112,17 +112,20 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // wins: 256 KiB 281-363 / 158-159 / 186-229 (chain / flat / Open MPI); 2 MiB 2322-2576 /
     // 1205-1337 / 1311-1382; 16 MiB 11638 / 11145 / 10823; in the fast state at the same
     // minutes 2 MiB 628-736 / 915-1188 / 805-1362, 16 MiB 7954-8079 / 9325-10780 / 9252-9573.
-    // So over shm the root picks by state (flatBroadcastNow: its copies into the ring's slots
-    // run slow in the slow state) and tells the others first, from 128 KiB to 4 MiB. A survey
+    // Over shm the root can pick by state (flatBroadcastNow: its copies into the ring's slots
+    // run slow in the slow state) and tell the others first, from 128 KiB to 4 MiB. A survey
     // of 8 ranks, in place, each run between two line round trips, every variant in turn, 17
     // minutes, medians, us (state / chain / flat / Open MPI): both round trips under 150 ns,
     // 80-104 runs each: 256 KiB 91 / 87 / 162 / 145; 1 MiB 357 / 378 / 593 / 490; 2 MiB 999 /
     // 1012 / 1150 / 974; 4 MiB 2113 / 2046 / 2441 / 2316; 16 MiB (chain) 8681 / 12662 / 11843;
     // both over 250 ns, 5-20 runs each: 256 KiB 242 / 397 / 195 / 217; 1 MiB 817 / 1296 / 826 /
     // 854; 2 MiB 1755 / 1963 / 1615 / 1623; 4 MiB 3148 / 3573 / 3484 / 3312; 16 MiB (chain)
-    // 12825 / 14221 / 12891, so not above 4 MiB. TUTTI_FLAT_BROADCAST_MIN_BYTES turns the flat
-    // one on for good (below: 0).
-    stateBcastDefault = anyNet ? 0 : 128 << 10;
+    // 12825 / 14221 / 12891, so not above 4 MiB. But every broadcast must then carry the
+    // choice with the root's byte count (ranks that disagree on the count must fail, not wait
+    // on different links), which doubles the tiny ones: 8 ranks, 8 B, 5 interleaved runs,
+    // medians, 8.75 us against 4.28; 4 KiB 7.56 against 4.66; 32 KiB 20.7 against 18.0. So it
+    // is off by default (TUTTI_STATE_BROADCAST_MIN_BYTES turns it on, for a VM like this one),
+    // as is the flat broadcast for good (TUTTI_FLAT_BROADCAST_MIN_BYTES).
   }
   flatMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_MAX_BYTES", int64_t(flatDefault)));
   flatGatherMaxBytes_ = static_cast<size_t>(
@@ -136,9 +139,11 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   // Two-rank shm all-gathers: by timing (unset or 1), by address (0), through the slots.
   if (std::optional<std::string> v = env::getString("TUTTI_PAIR_TUNE")) {
     pairWay_ = *v == "0" ? kPairByAddress : *v == "slots" ? kPairThroughSlots : kPairTimed;
+    if (*v != "0" && *v != "1" && *v != "slots") {
+      TUTTI_WARN("TUTTI_PAIR_TUNE=%s is not 1, 0 or slots: timing the two ways (1)", v->c_str());
+    }
   }
-  stateBcastMinBytes_ = static_cast<size_t>(
-      env::getInt("TUTTI_STATE_BROADCAST_MIN_BYTES", int64_t(stateBcastDefault)));
+  stateBcastMinBytes_ = static_cast<size_t>(env::getInt("TUTTI_STATE_BROADCAST_MIN_BYTES", 0));
   stateBcastMaxBytes_ =
       static_cast<size_t>(env::getInt("TUTTI_STATE_BROADCAST_MAX_BYTES", int64_t(4) << 20));
   treeMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_TREE_MAX_BYTES", int64_t(treeDefault)));
@@ -266,14 +271,16 @@ Status Engine::runCollective(const CollArgs& op) {
       total >= flatBcastMinBytes_) {
     return runFlat(op, state);
   }
-  if (op.kind == CollKind::kBroadcast && n > 2 && stateBcastMinBytes_ != 0 &&
-      total >= stateBcastMinBytes_ && total <= stateBcastMaxBytes_) {
+  // Every broadcast, whatever its size, carries the root's choice and byte count, so that
+  // ranks that disagree on the count fail at once instead of waiting on different links.
+  if (op.kind == CollKind::kBroadcast && n > 2 && stateBcastMinBytes_ != 0) {
     Status s = ensureFlatLinks(state);
     if (!s.ok()) return s;
-    bool flat = r == op.root && flatBroadcastNow();
+    bool flat = r == op.root && total >= stateBcastMinBytes_ && total <= stateBcastMaxBytes_ &&
+                flatBroadcastNow();
     {
       Waiter w(&state);
-      flat = cpu::shareBroadcastChoice(op, r, n, flatLinks_, flat, &w);
+      flat = cpu::shareBroadcastChoice(op, total, r, n, flatLinks_, flat, &w);
     }
     if (!state.status().ok()) return state.status();
     if (flat) return runFlat(op, state);
@@ -327,7 +334,7 @@ Status Engine::runCollective(const CollArgs& op) {
   // the slots against Open MPI's 9.5, with a cache line's round trip at 335 ns).
   const bool pairByAddress = n == 2 && bytes && !comm_.links().ringUsesNet() &&
                              (total <= kPairByAddressMaxBytes ||
-                              (op.kind == CollKind::kAllGather && pairWay_ == kPairTimed));
+                              (op.kind == CollKind::kAllGather && pairWay_ != kPairByAddress));
   const bool exchange = pairByAddress && op.kind == CollKind::kAllGather;
   const size_t steps = (n == 2 && comm_.links().ringUsesNet()) || exchange ? 1 : kPipelineSteps;
   const size_t chunk = algo::pipelinedChunk(slotUnits, perRankShare, nch, steps,

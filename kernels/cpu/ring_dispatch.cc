@@ -407,20 +407,32 @@ void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int n, const F
   for (auto& p : to) p.finish();
 }
 
-bool shareBroadcastChoice(const CollArgs& op, int rank, int n, const FlatLinks& links, bool flat,
-                          Waiter* w) {
-  uint8_t choice = flat ? 1 : 0;
+bool shareBroadcastChoice(const CollArgs& op, size_t bytes, int rank, int n, const FlatLinks& links,
+                          bool flat, Waiter* w) {
+  struct Choice {
+    uint64_t bytes;
+    uint64_t flat;
+  } c{bytes, flat ? 1u : 0u};
+  auto* raw = reinterpret_cast<uint8_t*>(&c);
   if (rank != op.root) {
-    HostPrims<uint8_t, CopyOnly> p(nullptr, links.recv[size_t(op.root)], nullptr, &choice,
-                                   CopyOnly{}, w);
-    p.recv(0, 1);
+    HostPrims<uint8_t, CopyOnly> p(nullptr, links.recv[size_t(op.root)], nullptr, raw, CopyOnly{},
+                                   w);
+    p.recv(0, int(sizeof(c)));
     p.finish();
-    return !w->failed() && choice == 1;
+    if (!w->failed() && c.bytes != bytes) {
+      w->fail(invalidUsage("rank " + std::to_string(rank) + ": the root, rank " +
+                           std::to_string(op.root) + ", broadcasts " + std::to_string(c.bytes) +
+                           " bytes where this rank expects " + std::to_string(bytes) + " (" +
+                           w->op()->what() +
+                           "): do all ranks call the same collectives with the same count, "
+                           "datatype and root?"));
+    }
+    return !w->failed() && c.flat == 1;
   }
   for (int d = 1; d < n && !w->failed(); ++d) {
-    HostPrims<uint8_t, CopyOnly> p(links.send[size_t((rank + d) % n)], nullptr, &choice, nullptr,
+    HostPrims<uint8_t, CopyOnly> p(links.send[size_t((rank + d) % n)], nullptr, raw, nullptr,
                                    CopyOnly{}, w);
-    p.send(0, 1);
+    p.send(0, int(sizeof(c)));
     p.finish();
   }
   return flat && !w->failed();

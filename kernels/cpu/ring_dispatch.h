@@ -58,11 +58,11 @@ void runFlatAllGather(const CollArgs& op, size_t bytes, int rank, int nranks,
 void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int nranks,
                       const FlatLinks& links, Waiter* w);
 // The root of a broadcast tells every other rank, over the flat links, which way this one
-// goes (flat: runFlatBroadcast; else the ring chain): one byte each, ahead of any data. Returns
-// the choice (the root's `flat`, the byte received elsewhere); false also when the wait failed
-// (the Waiter holds why).
-bool shareBroadcastChoice(const CollArgs& op, int rank, int nranks, const FlatLinks& links,
-                          bool flat, Waiter* w);
+// goes (flat: runFlatBroadcast; else the ring chain) and how many bytes it sends, ahead of any
+// data; a rank expecting another size fails naming both. Returns the choice (the root's
+// `flat`, the one received elsewhere); false also when the wait failed (the Waiter holds why).
+bool shareBroadcastChoice(const CollArgs& op, size_t bytes, int rank, int nranks,
+                          const FlatLinks& links, bool flat, Waiter* w);
 // Whether recursive doubling gives every rank the same bits for this operation: the op must
 // be commutative bit for bit (floating max/min are not, with NaNs).
 bool rdSymmetric(const CollArgs& op);

@@ -28,6 +28,14 @@ int count(const std::vector<int>& v, int way, size_t from = 0) {
   return c;
 }
 
+// How many of runs first..last (counted from 1, the alternating six included) explore: one
+// in `every`.
+int explorations(int first, int last, uint32_t every) {
+  int c = 0;
+  for (int r = first; r <= last; ++r) c += uint32_t(r) % every == 0;
+  return c;
+}
+
 TEST(TwoWayTuner, SizeClassesAreLog2OfTheBytes) {
   EXPECT_EQ(TwoWayTuner::bucketOf(0), 0);
   EXPECT_EQ(TwoWayTuner::bucketOf(1), 0);
@@ -58,8 +66,7 @@ TEST(TwoWayTuner, AlternatesThenTakesTheFasterWayAndExploresTheOther) {
     EXPECT_EQ((std::vector<int>(picked.begin(), picked.begin() + 6)),
               (std::vector<int>{0, 1, 0, 1, 0, 1}));
     EXPECT_EQ(t.leaning(20), c.fast);
-    // Runs are counted from 1, the alternating six included.
-    EXPECT_EQ(count(picked, 1 - c.fast, 6), int(uint32_t(runs) / c.every));
+    EXPECT_EQ(count(picked, 1 - c.fast, 6), explorations(7, runs, c.every));
     EXPECT_EQ(t.leaning(19), -1);  // another size class knows nothing yet
   }
 }
@@ -71,7 +78,7 @@ TEST(TwoWayTuner, KeepsItsWayWhenTheOtherIsOnlySlightlyFaster) {
   const std::vector<int> picked =
       drive(t, 5, 100, [](int, int way) { return way == 0 ? 50.0 : 47.0; });
   EXPECT_EQ(t.leaning(5), 0);
-  EXPECT_EQ(count(picked, 0, 6), 94 - 100 / int(TwoWayTuner::kExplore));  // runs count from 1
+  EXPECT_EQ(count(picked, 0, 6), 94 - explorations(7, 100, TwoWayTuner::kExplore));
 }
 
 // When the machine changes so that the other way becomes faster, the explored runs show it

@@ -528,7 +528,7 @@ class ShmTransport : public Transport {
       shm_unlink(d.name);
       return errnoStatus(std::string("shm: cannot size ") + d.name + " (is /dev/shm full?)", err);
     }
-    Result<void*> base = map(fd, d.bytes, d.name);
+    Result<void*> base = map(fd, d.bytes, d.name, populates(spec.peer, d.bytes));
     close(fd);
     if (!base.ok()) {
       shm_unlink(d.name);
@@ -577,7 +577,7 @@ class ShmTransport : public Transport {
     if (fd < 0)
       return errnoStatus(
           std::string("shm: opening rank ") + std::to_string(spec.peer) + "'s " + d.name, errno);
-    Result<void*> base = map(fd, d.bytes, d.name);
+    Result<void*> base = map(fd, d.bytes, d.name, populates(spec.peer, d.bytes));
     close(fd);
     shm_unlink(d.name);  // both sides have it mapped now
     if (!base.ok()) return base.status();
@@ -605,13 +605,20 @@ class ShmTransport : public Transport {
   }
 
  private:
-  // A FIFO of the default size (1 MiB) or a few is populated at once, on both sides: its
-  // slots' first touches, a page fault per 4 KiB on each side, otherwise land on the first
-  // operations that use them (two ranks, 256 KiB all-gathers through the slots: 150-250 us
-  // each until all 8 slots were touched, 13 after). Bigger ones (NCCL_BUFFSIZE) fault as used.
+  // The FIFOs between ring neighbours (every FIFO with two ranks), of the default size (1 MiB)
+  // or a few, are populated at once on both sides: their slots' first touches, a page fault
+  // per 4 KiB on each side, otherwise land on the first operations that use them (two ranks,
+  // 256 KiB all-gathers through the slots: 150-250 us each until all 8 slots were touched, 13
+  // after), which also misleads the engine's timing of its choices (TwoWayTuner). Not every
+  // FIFO: with n(n-1) flat links that would commit every slot of every link (/dev/shm is 64 MiB
+  // in a default container).
   static constexpr size_t kPopulateMaxBytes = 8 << 20;
-  static Result<void*> map(int fd, size_t bytes, const char* name) {
-    const int flags = MAP_SHARED | (bytes <= kPopulateMaxBytes ? MAP_POPULATE : 0);
+  bool populates(int peer, size_t bytes) const {
+    const int n = comm_.nranks(), r = comm_.rank();
+    return bytes <= kPopulateMaxBytes && (peer == (r + 1) % n || peer == (r + n - 1) % n);
+  }
+  static Result<void*> map(int fd, size_t bytes, const char* name, bool populate) {
+    const int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, fd, 0);
     if (p == MAP_FAILED) return errnoStatus(std::string("shm: mmap ") + name, errno);
     return p;
