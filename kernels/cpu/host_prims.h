@@ -30,6 +30,11 @@ class HostPrims {
     if (recvDirect_) recvMin_ = recvFrom->conn->directMinBytes();
   }
 
+  // Chunked blocks (exchangeChunks): the next sends carry the last-chunk flag in their size
+  // word or not, and the next receives check it (-1: no check), so that ranks that disagree
+  // on a block's length fail even where their chunks match in size.
+  void markLast(bool last) { sendFlag_ = last ? transport::kLastSlot : 0; }
+  void expectLast(int last) { expectLast_ = last; }
   // Sends that go by address go so whenever the transport can (Connection::sendFrom).
   void preferAddress(transport::SendHow how = transport::SendHow::kByAddress) { how_ = how; }
   // Whether a send of n elements goes by address for certain (preferAddress set): it may then
@@ -183,7 +188,7 @@ class HostPrims {
   }
   void postSend(int n) {
     transport::FifoView& f = *sendTo_;
-    f.ctrl->sizes[f.step % transport::kSteps].store(uint64_t(n) * sizeof(T),
+    f.ctrl->sizes[f.step % transport::kSteps].store(uint64_t(n) * sizeof(T) | sendFlag_,
                                                     std::memory_order_relaxed);
     transport::postTail(f);
   }
@@ -194,8 +199,17 @@ class HostPrims {
     const bool direct = recvDirect_ && big(n, recvMin_);
     if (direct) f.conn->recvInto(f.step, dst, size_t(n) * sizeof(T));
     if (!untilPosted()) return nullptr;
-    uint64_t got = f.ctrl->sizes[f.step % transport::kSteps].load(std::memory_order_relaxed) &
-                   transport::kSizeMask;
+    const uint64_t word = f.ctrl->sizes[f.step % transport::kSteps].load(std::memory_order_relaxed);
+    const uint64_t got = word & transport::kSizeMask;
+    if (got == uint64_t(n) * sizeof(T) && expectLast_ >= 0 &&
+        ((word & transport::kLastSlot) != 0) != (expectLast_ == 1)) {
+      w_->fail(invalidUsage("rank " + std::to_string(f.peer) +
+                            (expectLast_ ? " sent more" : " ended") + " where this rank expected " +
+                            (expectLast_ ? "the last chunk" : "more") + " (" + w_->op()->what() +
+                            "): do all ranks call the same collectives with the same count, "
+                            "datatype and root?"));
+      return nullptr;
+    }
     if (got != uint64_t(n) * sizeof(T)) {
       w_->fail(invalidUsage("rank " + std::to_string(f.peer) + " sent a slot of " +
                             std::to_string(got) + " bytes where this rank expected " +
@@ -235,6 +249,8 @@ class HostPrims {
   bool sentDirect_ = false;
   transport::SendHow how_ = transport::SendHow::kAdaptive;
   bool landed_ = false;  // the last acquireRecv's payload is already in its dst
+  uint64_t sendFlag_ = 0;
+  int expectLast_ = -1;
 };
 
 }  // namespace tutti::cpu

@@ -247,18 +247,24 @@ size_t chunkToSend(const HostPrims<uint8_t, CopyOnly>& p, size_t left, size_t sl
 void exchangeChunks(HostPrims<uint8_t, CopyOnly>& p, size_t sendIn, size_t sendOut, size_t sendLen,
                     size_t recvAt, size_t recvLen, size_t slot, size_t big, Waiter* w) {
   size_t sent = 0, got = 0;
+  // Each block's last chunk says so: with slot-sized chunks, blocks of different lengths would
+  // otherwise match chunk for chunk, and the longer one's sender wait for ever.
   while ((sent < sendLen || got < recvLen) && !w->failed()) {
     if (sent < sendLen) {
       const size_t len = chunkToSend(p, sendLen - sent, slot, big);
+      p.markLast(sent + len == sendLen);
       p.copySend(sendIn + sent, sendOut + sent, static_cast<int>(len));
       sent += len;
     }
     if (got < recvLen) {
       const size_t len = std::min(big > slot && p.nextByAddress() ? big : slot, recvLen - got);
+      p.expectLast(got + len == recvLen ? 1 : 0);
       p.recv(recvAt + got, static_cast<int>(len));
       got += len;
     }
   }
+  p.markLast(false);
+  p.expectLast(-1);
 }
 
 }  // namespace
@@ -398,6 +404,7 @@ void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int n, const F
     for (size_t d = 0; d < to.size(); ++d) {
       if (at[d] >= bytes) continue;
       const size_t len = chunkToSend(to[d], bytes - at[d], slot, big);
+      to[d].markLast(at[d] + len == bytes);  // as exchangeChunks, whose receivers check it
       to[d].send(at[d], static_cast<int>(len));
       at[d] += len;
       more |= at[d] < bytes;

@@ -622,6 +622,27 @@ TEST(PairTune, AllGathersByTimingOrThroughTheSlotsAreExact) {
       EXPECT_GT(steps[1], 1u);
     }
   }
+  // Through the slots, blocks of 2 MiB and 1 MiB go in chunks of one slot each, alike in size:
+  // the last-chunk flag makes the rank expecting less fail, naming it, and nobody waits.
+  ScopedEnv tune("TUTTI_PAIR_TUNE", "slots");
+  std::vector<ncclComm_t> comms = initThreads(2);
+  std::vector<ncclResult_t> rc(2, ncclSuccess);
+  std::vector<std::string> msg(2);
+  const double start = now();
+  onThreads(2, [&](int r) {
+    const size_t count = r == 0 ? 2 << 20 : 1 << 20;
+    std::vector<uint8_t> send(count, 1), recv(2 * count);
+    rc[size_t(r)] =
+        ncclAllGather(send.data(), recv.data(), count, ncclUint8, comms[size_t(r)], nullptr);
+    msg[size_t(r)] = ncclGetLastError(comms[size_t(r)]);
+  });
+  EXPECT_LT(secondsSince(start), 15.0);
+  EXPECT_NE(rc[1], ncclSuccess);
+  EXPECT_NE(msg[1].find("rank 0 sent more where this rank expected the last chunk"),
+            std::string::npos)
+      << msg[1];
+  EXPECT_NE(rc[0], ncclSuccess);
+  for (auto& c : comms) ncclCommAbort(c);
 }
 
 // Broadcasts of 3+ ranks over shm from TUTTI_STATE_BROADCAST_MIN_BYTES: the root goes flat
