@@ -1,0 +1,372 @@
+// Payloads sent by address (shm single copy) in chunks bigger than a slot, and the choices
+// between sending by address and through the slots: the flat broadcast, the two-rank exchange
+// (by address, or by timing: TwoWayTuner), and broadcasts by the machine's state. Ranks are
+// threads of this process; every test also checks that a count mismatch fails at once.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/harness.h"
+#include "runtime/comm.h"
+#include "runtime/links.h"
+
+using namespace tutti::test;
+
+// The flat broadcast (ranks crowded on fewer cores, over shm): payloads sent by address go in
+// chunks of up to 8 MiB, bigger than a slot, and the receivers tell them from slot-sized ones;
+// without single copy every chunk is a slot. Every rank gets the root's bytes, in place or
+// not; a rank that disagrees on the count fails naming the sizes, and none hangs.
+TEST(FlatBroadcast, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
+  ScopedEnv flat("TUTTI_FLAT_BROADCAST_MIN_BYTES", "65536");
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  const int n = 4;
+  for (const char* single : {"1", "0"}) {
+    ScopedEnv copy("TUTTI_SHM_SINGLE_COPY", single);
+    SCOPED_TRACE(std::string("TUTTI_SHM_SINGLE_COPY=") + single);
+    // By address: 8 + 8 + 4 MiB and 3 bytes; through slots: a few slots and a partial one.
+    const size_t count = std::string(single) == "1" ? (20 << 20) + 3 : (1 << 20) + 3;
+    std::vector<ncclComm_t> comms = initThreads(n);
+    auto value = [](size_t i, int root) { return uint8_t(i * 131 + size_t(root) * 7 + 1); };
+    onThreads(n, [&](int r) {
+      ncclComm_t c = comms[size_t(r)];
+      for (int root : {0, 2}) {
+        for (bool inPlace : {false, true}) {
+          std::vector<uint8_t> send(count), recv(count, 0);
+          for (size_t i = 0; i < count; ++i) send[i] = r == root ? value(i, root) : 0;
+          uint8_t* out = inPlace ? send.data() : recv.data();
+          ASSERT_EQ(ncclBroadcast(send.data(), out, count, ncclUint8, root, c, nullptr),
+                    ncclSuccess)
+              << ncclGetLastError(c);
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(out[i], value(i, root))
+                << "rank " << r << " root " << root << " in place " << inPlace << " at " << i;
+          }
+        }
+      }
+    });
+    // Rank 3 expects half the bytes: it fails on the size, nobody hangs, and a rank that
+    // returns success (its whole payload arrived before the failure) holds the root's bytes.
+    std::vector<ncclResult_t> rc(size_t(n), ncclSuccess);
+    std::vector<std::string> msg(static_cast<size_t>(n));
+    std::vector<int> wrong(size_t(n), 0);
+    const double start = now();
+    onThreads(n, [&](int r) {
+      const size_t mine = r == 3 ? count / 2 : count;
+      std::vector<uint8_t> buf(mine);
+      for (size_t i = 0; i < mine; ++i) buf[i] = r == 0 ? value(i, 0) : 0;
+      rc[size_t(r)] =
+          ncclBroadcast(buf.data(), buf.data(), mine, ncclUint8, 0, comms[size_t(r)], nullptr);
+      msg[size_t(r)] = ncclGetLastError(comms[size_t(r)]);
+      for (size_t i = 0; i < mine && rc[size_t(r)] == ncclSuccess; ++i) {
+        wrong[size_t(r)] += buf[i] != value(i, 0);
+      }
+    });
+    EXPECT_LT(secondsSince(start), 15.0);
+    EXPECT_NE(rc[3], ncclSuccess);
+    EXPECT_NE(msg[3].find("bytes where this rank expected"), std::string::npos) << msg[3];
+    for (int r = 0; r < n; ++r) EXPECT_EQ(wrong[size_t(r)], 0) << "rank " << r;
+    for (auto& c : comms) ncclCommAbort(c);
+  }
+}
+
+// The two-rank shm all-gather by timing (TwoWayTuner): the first runs of each size alternate
+// between sending by address and through the slots, then each rank sends the way its recent
+// runs were faster, and tries the other now and then -- so a rank may send one way while its
+// peer sends the other, and each takes what comes. Pinned through the slots
+// (TUTTI_PAIR_TUNE=slots) a 6 MiB all-gather is many slot-sized steps, where by address it
+// is one (PairByAddress).
+TEST(PairTune, AllGathersByTimingOrThroughTheSlotsAreExact) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
+  ScopedEnv channels("NCCL_MAX_NCHANNELS", "1");
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  ScopedEnv copy("TUTTI_SHM_SINGLE_COPY", "1");
+  for (const char* way : {"1", "slots"}) {
+    ScopedEnv tune("TUTTI_PAIR_TUNE", way);
+    SCOPED_TRACE(std::string("TUTTI_PAIR_TUNE=") + way);
+    std::vector<ncclComm_t> comms = initThreads(2);
+    auto value = [](size_t i, int r, int op) { return uint8_t(i * 131 + size_t(r) * 7 + op); };
+    std::vector<uint64_t> steps(2);
+    onThreads(2, [&](int r) {
+      ncclComm_t c = comms[size_t(r)];
+      const std::vector<size_t> counts{(256 << 10) + 3, (6 << 20) + 3, 5000};
+      const int ops = std::string(way) == "1" ? 60 : 3;
+      for (int op = 0; op < ops; ++op) {
+        const size_t count = counts[size_t(op) % counts.size()];
+        std::vector<uint8_t> send(count), recv(2 * count, 0);
+        for (size_t i = 0; i < count; ++i) send[i] = value(i, r, op);
+        const tutti::transport::FifoView* f =
+            reinterpret_cast<tutti::Comm*>(c)->links().send(1 - r, 0);
+        const uint64_t before = f ? f->step : 0;
+        ASSERT_EQ(ncclAllGather(send.data(), recv.data(), count, ncclUint8, c, nullptr),
+                  ncclSuccess)
+            << ncclGetLastError(c);
+        if (count == counts[1] && f) {
+          steps[size_t(r)] =
+              reinterpret_cast<tutti::Comm*>(c)->links().send(1 - r, 0)->step - before;
+        }
+        for (int q = 0; q < 2; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(recv[size_t(q) * count + i], value(i, q, op))
+                << "rank " << r << " op " << op << " count " << count << " block " << q << " at "
+                << i;
+          }
+        }
+      }
+    });
+    destroyAll(comms);
+    if (std::string(way) == "slots") {
+      EXPECT_GT(steps[0], 1u);
+      EXPECT_GT(steps[1], 1u);
+    }
+  }
+  // Through the slots, blocks of 2 MiB and 1 MiB go in chunks of one slot each, alike in size:
+  // the last-chunk flag makes the rank expecting less fail, naming it, and nobody waits.
+  ScopedEnv tune("TUTTI_PAIR_TUNE", "slots");
+  std::vector<ncclComm_t> comms = initThreads(2);
+  std::vector<ncclResult_t> rc(2, ncclSuccess);
+  std::vector<std::string> msg(2);
+  const double start = now();
+  onThreads(2, [&](int r) {
+    const size_t count = r == 0 ? 2 << 20 : 1 << 20;
+    std::vector<uint8_t> send(count, 1), recv(2 * count);
+    rc[size_t(r)] =
+        ncclAllGather(send.data(), recv.data(), count, ncclUint8, comms[size_t(r)], nullptr);
+    msg[size_t(r)] = ncclGetLastError(comms[size_t(r)]);
+  });
+  EXPECT_LT(secondsSince(start), 15.0);
+  EXPECT_NE(rc[1], ncclSuccess);
+  EXPECT_NE(msg[1].find("rank 0 sent more where this rank expected the last chunk"),
+            std::string::npos)
+      << msg[1];
+  EXPECT_NE(rc[0], ncclSuccess);
+  for (auto& c : comms) ncclCommAbort(c);
+}
+
+// Broadcasts of 3+ ranks over shm from TUTTI_STATE_BROADCAST_MIN_BYTES: the root goes flat
+// while its copies into the ring's slots run slow (adaptive single copy's verdict), by the ring
+// chain otherwise, and first tells every rank which. With the threshold at 10^6 GB/s every
+// copy is slow: the chain until the verdict, then 64 flat ones, then the chain again (the
+// verdict forgotten, the copies timed anew); at 0 never slow: the chain throughout. The
+// root's link to the rank two ahead shows which ran: one step (the choice) for the chain,
+// more for the flat one. Every rank gets the root's bytes, whichever way, from any root.
+TEST(StateBroadcast, FlatWhileSlotCopiesRunSlowTheChainOtherwise) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
+  ScopedEnv channels("NCCL_MAX_NCHANNELS", "1");
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  ScopedEnv mode("TUTTI_SHM_SINGLE_COPY", nullptr);
+  ScopedEnv flat("TUTTI_FLAT_BROADCAST_MIN_BYTES", nullptr);
+  ScopedEnv state("TUTTI_STATE_BROADCAST_MIN_BYTES", "65536");
+  const int n = 4, ops = 100;
+  for (const char* slowGBps : {"1000000", "0"}) {
+    SCOPED_TRACE(std::string("TUTTI_SHM_SLOW_GBPS=") + slowGBps);
+    ScopedEnv slow("TUTTI_SHM_SLOW_GBPS", slowGBps);
+    std::vector<ncclComm_t> comms = initThreads(n);
+    const size_t count = (256 << 10) + 5;
+    auto value = [](size_t i, int op) { return uint8_t(i * 131 + size_t(op) * 7 + 1); };
+    std::vector<uint64_t> steps(ops);  // root 0's sends to rank 2, per broadcast from rank 0
+    uint64_t bigSteps = 1;
+    onThreads(n, [&](int r) {
+      ncclComm_t c = comms[size_t(r)];
+      tutti::Links& links = reinterpret_cast<tutti::Comm*>(c)->links();
+      std::vector<uint8_t> buf(count), out(count);
+      for (int op = 0; op < ops; ++op) {
+        // Root 0 mostly, now and then another (in place or not).
+        const int root = op % 10 == 9 ? 1 + op % 3 : 0;
+        const bool inPlace = op % 3 != 1;
+        for (size_t i = 0; i < count; ++i) buf[i] = r == root ? value(i, op) : 0;
+        std::fill(out.begin(), out.end(), 0);
+        uint8_t* to = inPlace ? buf.data() : out.data();
+        const tutti::transport::FifoView* f = links.send(2, 0);  // made by the first broadcast
+        const uint64_t before = f ? f->step : 0;
+        ASSERT_EQ(ncclBroadcast(buf.data(), to, count, ncclUint8, root, c, nullptr), ncclSuccess)
+            << ncclGetLastError(c);
+        if (r == 0 && root == 0) steps[size_t(op)] = links.send(2, 0)->step - before;
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(to[i], value(i, op)) << "rank " << r << " op " << op << " root " << root
+                                         << " in place " << inPlace << " at " << i;
+        }
+      }
+      // Above TUTTI_STATE_BROADCAST_MAX_BYTES (4 MiB): the chain, after the choice.
+      std::vector<uint8_t> big((4 << 20) + 1, r == 0 ? 7 : 0);
+      const uint64_t before = r == 0 ? links.send(2, 0)->step : 0;
+      ASSERT_EQ(ncclBroadcast(big.data(), big.data(), big.size(), ncclUint8, 0, c, nullptr),
+                ncclSuccess);
+      if (r == 0) bigSteps = links.send(2, 0)->step - before;
+      EXPECT_EQ(std::count(big.begin(), big.end(), 7), std::ptrdiff_t(big.size())) << r;
+    });
+    EXPECT_EQ(bigSteps, 1u);
+    destroyAll(comms);
+    // The runs of flat (>1 step) and chain (1 step) broadcasts from root 0, in order.
+    std::vector<std::pair<bool, int>> runs;
+    for (int op = 0; op < ops; ++op) {
+      if (op % 10 == 9) continue;
+      ASSERT_GE(steps[size_t(op)], 1u) << "op " << op;
+      const bool isFlat = steps[size_t(op)] > 1;
+      if (runs.empty() || runs.back().first != isFlat) runs.push_back({isFlat, 0});
+      ++runs.back().second;
+    }
+    std::string shape;
+    for (auto& [isFlat, len] : runs)
+      shape += (isFlat ? " flat x" : " chain x") + std::to_string(len);
+    SCOPED_TRACE("root 0's broadcasts:" + shape);
+    if (std::string(slowGBps) == "0") {
+      EXPECT_EQ(runs.size(), 1u);
+      EXPECT_FALSE(runs[0].first);
+    } else {
+      // chain (until 8 timed copies), flat (root 0's 64 choices), chain.
+      ASSERT_GE(runs.size(), 3u);
+      EXPECT_FALSE(runs[0].first);
+      EXPECT_LE(runs[0].second, 8);
+      EXPECT_TRUE(runs[1].first);
+      EXPECT_EQ(runs[1].second, 64);  // Engine::kStateRecheck
+      EXPECT_FALSE(runs[2].first);
+    }
+  }
+  // A rank whose count differs from the root's, on either side of the thresholds (below the
+  // 64 KiB minimum here, above the 4 MiB maximum), fails naming both sizes; nobody hangs.
+  for (auto [mine, theirs] : {std::pair<size_t, size_t>{100 << 10, 40 << 10},
+                              std::pair<size_t, size_t>{4 << 20, 5 << 20}}) {
+    SCOPED_TRACE("rank 2: " + std::to_string(theirs) + " bytes, the others " +
+                 std::to_string(mine));
+    std::vector<ncclComm_t> comms = initThreads(n);
+    std::vector<ncclResult_t> rc(size_t(n), ncclSuccess);
+    std::vector<std::string> msg(static_cast<size_t>(n));
+    const double start = now();
+    onThreads(n, [&](int r) {
+      std::vector<uint8_t> buf(r == 2 ? theirs : mine, 3);
+      rc[size_t(r)] = ncclBroadcast(buf.data(), buf.data(), buf.size(), ncclUint8, 0,
+                                    comms[size_t(r)], nullptr);
+      msg[size_t(r)] = ncclGetLastError(comms[size_t(r)]);
+    });
+    EXPECT_LT(secondsSince(start), 15.0);
+    EXPECT_NE(rc[2], ncclSuccess);
+    EXPECT_NE(msg[2].find("the root, rank 0, broadcasts " + std::to_string(mine) +
+                          " bytes where this rank expects " + std::to_string(theirs)),
+              std::string::npos)
+        << msg[2];
+    for (auto& c : comms) ncclCommAbort(c);
+  }
+  EXPECT_EQ(leftoverShmSegments(), 0);
+}
+
+// Two ranks over shm, an all-gather (an exchange) or a broadcast: each block is sent by
+// address in one chunk bigger than a slot (kAddressChunkBytes), in 2+ pieces of which each
+// side copies some; a block under the single-copy minimum, or any without single copy, goes
+// in slot-sized chunks. Every rank gets the blocks, in place or not, from either root; a rank
+// that disagrees on the count fails naming the sizes, and none hangs.
+TEST(PairByAddress, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv tune("TUTTI_PAIR_TUNE", "0");  // the all-gather by address, not by timing
+  ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
+  ScopedEnv channels("NCCL_MAX_NCHANNELS", "1");
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  for (const char* single : {"1", "0"}) {
+    ScopedEnv copy("TUTTI_SHM_SINGLE_COPY", single);
+    SCOPED_TRACE(std::string("TUTTI_SHM_SINGLE_COPY=") + single);
+    const bool byAddress = std::string(single) == "1";
+    std::vector<ncclComm_t> comms = initThreads(2);
+    auto value = [](size_t i, int r) { return uint8_t(i * 131 + size_t(r) * 7 + 1); };
+    // By address: 6 MiB and 3 bytes (one chunk in 7 pieces); 8 MiB and 1000 bytes (broadcast:
+    // a chunk by address, then the rest through a slot; all-gather: over 16 MiB in all, the
+    // ring); 3000 bytes (under the 4 KiB minimum between threads: through a slot). Through
+    // slots: several slots and a partial one.
+    const std::vector<size_t> counts =
+        byAddress ? std::vector<size_t>{(6 << 20) + 3, (8 << 20) + 1000, 3000}
+                  : std::vector<size_t>{(1 << 20) + 3};
+    onThreads(2, [&](int r) {
+      ncclComm_t c = comms[size_t(r)];
+      for (size_t count : counts) {
+        for (bool inPlace : {false, true}) {
+          std::vector<uint8_t> recv(2 * count, 0), send(count);
+          for (size_t i = 0; i < count; ++i) send[i] = value(i, r);
+          const uint8_t* in = send.data();
+          if (inPlace) {
+            memcpy(recv.data() + size_t(r) * count, send.data(), count);
+            in = recv.data() + size_t(r) * count;
+          }
+          ASSERT_EQ(ncclAllGather(in, recv.data(), count, ncclUint8, c, nullptr), ncclSuccess)
+              << ncclGetLastError(c);
+          for (int q = 0; q < 2; ++q) {
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(recv[size_t(q) * count + i], value(i, q))
+                  << "rank " << r << " count " << count << " in place " << inPlace << " block " << q
+                  << " at " << i;
+            }
+          }
+          for (int root : {0, 1}) {
+            std::vector<uint8_t> out(count, 0);
+            uint8_t* to = inPlace ? send.data() : out.data();
+            if (r != root) std::fill(send.begin(), send.end(), 0);
+            ASSERT_EQ(ncclBroadcast(send.data(), to, count, ncclUint8, root, c, nullptr),
+                      ncclSuccess)
+                << ncclGetLastError(c);
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(to[i], value(i, root))
+                  << "broadcast: rank " << r << " count " << count << " in place " << inPlace
+                  << " root " << root << " at " << i;
+            }
+            for (size_t i = 0; i < count; ++i) send[i] = value(i, r);
+          }
+        }
+      }
+    });
+    // One channel, by address: a 6 MiB all-gather is one step each way, and an 8 MiB + 1000
+    // broadcast two steps from the root (so the path above is the one under test).
+    if (byAddress) {
+      std::vector<uint64_t> gatherSteps(2), bcastSteps(2);
+      onThreads(2, [&](int r) {
+        ncclComm_t c = comms[size_t(r)];
+        const tutti::transport::FifoView* f =
+            reinterpret_cast<tutti::Comm*>(c)->links().send(1 - r, 0);
+        ASSERT_NE(f, nullptr);
+        std::vector<uint8_t> a((8 << 20) + 1000, 1), b(2 * a.size());
+        uint64_t before = f->step;
+        ASSERT_EQ(ncclAllGather(a.data(), b.data(), (6 << 20) + 3, ncclUint8, c, nullptr),
+                  ncclSuccess);
+        gatherSteps[size_t(r)] = f->step - before;
+        before = f->step;
+        ASSERT_EQ(ncclBroadcast(a.data(), a.data(), a.size(), ncclUint8, 0, c, nullptr),
+                  ncclSuccess);
+        bcastSteps[size_t(r)] = f->step - before;
+      });
+      EXPECT_EQ(gatherSteps[0], 1u);
+      EXPECT_EQ(gatherSteps[1], 1u);
+      EXPECT_EQ(bcastSteps[0], 2u);
+      EXPECT_EQ(bcastSteps[1], 0u);
+    }
+    // Rank 1 expects half the bytes. All-gather: both fail on the size (each gets a payload
+    // of the other's size). Broadcast from rank 0: rank 1 fails on the size. Nobody hangs.
+    const size_t count = counts[0];
+    for (bool gather : {true, false}) {
+      SCOPED_TRACE(gather ? "all-gather" : "broadcast");
+      std::vector<ncclComm_t> cs = initThreads(2);
+      std::vector<ncclResult_t> rc(2, ncclSuccess);
+      std::vector<std::string> msg(2);
+      const double start = now();
+      onThreads(2, [&](int r) {
+        const size_t mine = r == 1 ? count / 2 : count;
+        std::vector<uint8_t> send(mine, 1), recv(2 * mine);
+        ncclComm_t c = cs[size_t(r)];
+        rc[size_t(r)] =
+            gather ? ncclAllGather(send.data(), recv.data(), mine, ncclUint8, c, nullptr)
+                   : ncclBroadcast(send.data(), send.data(), mine, ncclUint8, 0, c, nullptr);
+        msg[size_t(r)] = ncclGetLastError(c);
+      });
+      EXPECT_LT(secondsSince(start), 15.0);
+      for (int r = gather ? 0 : 1; r < 2; ++r) {
+        EXPECT_NE(rc[size_t(r)], ncclSuccess) << "rank " << r;
+        EXPECT_NE(msg[size_t(r)].find("bytes where this rank expected"), std::string::npos)
+            << "rank " << r << ": " << msg[size_t(r)];
+      }
+      for (auto& c : cs) ncclCommAbort(c);
+    }
+    destroyAll(comms);
+  }
+}
