@@ -78,7 +78,7 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   rdLinks_.gatherByAddress = crowded;
   rdLinks_.gatherTimed = crowded && !anyNet;  // tcp sends every way alike
   size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
-  size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0;
+  size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0, stateBcastDefault = 0;
   if (crowded) {
     rdDefault = anyNet ? (comm.nranks() >= 8 ? 0 : 256 << 10) : 16 << 10;
     treeDefault = anyNet ? 256 << 10 : 128 << 10;
@@ -120,12 +120,19 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // 1012 / 1150 / 974; 4 MiB 2113 / 2046 / 2441 / 2316; 16 MiB (chain) 8681 / 12662 / 11843;
     // both over 250 ns, 5-20 runs each: 256 KiB 242 / 397 / 195 / 217; 1 MiB 817 / 1296 / 826 /
     // 854; 2 MiB 1755 / 1963 / 1615 / 1623; 4 MiB 3148 / 3573 / 3484 / 3312; 16 MiB (chain)
-    // 12825 / 14221 / 12891, so not above 4 MiB. But every broadcast must then carry the
-    // choice with the root's byte count (ranks that disagree on the count must fail, not wait
-    // on different links), which doubles the tiny ones: 8 ranks, 8 B, 5 interleaved runs,
-    // medians, 8.75 us against 4.28; 4 KiB 7.56 against 4.66; 32 KiB 20.7 against 18.0. So it
-    // is off by default (TUTTI_STATE_BROADCAST_MIN_BYTES turns it on, for a VM like this one),
-    // as is the flat broadcast for good (TUTTI_FLAT_BROADCAST_MIN_BYTES).
+    // 12825 / 14221 / 12891, so not above 4 MiB. The root tells the others only when it goes
+    // flat, by a marker (with its byte count) that each rank passes down the ring chain before
+    // its flat receive; the chain's own first payload says "chain", so the chain and the
+    // sizes outside the range pay nothing. (A 16-byte header from the root on every broadcast,
+    // as first built, doubled the tiny ones: 8 B 8.75 against 4.28 us.) A survey of 8 ranks,
+    // in place, every variant in turn in random order, 13 minutes, medians, us (state / chain /
+    // flat / Open MPI): fast state, 70-78 runs each: 8 B 3.0 / 2.9 / - / 1.7; 32 KiB 18.2 /
+    // 18.3 / - / 36.9; 256 KiB 89 / 85 / 161 / 140; 1 MiB 324 / 320 / 536 / 477; 4 MiB 2101 /
+    // 2120 / 2482 / 2288; slow state, 8-16 runs each: 8 B 3.5 / 3.1 / - / 2.0; 256 KiB 254 /
+    // 401 / 201 / 197; 1 MiB 896 / 1239 / 759 / 696; 4 MiB 3607 / 3575 / 3573 / 3015. On by
+    // default where it was measured, ranks crowded over shm; the flat broadcast by size alone
+    // (TUTTI_FLAT_BROADCAST_MIN_BYTES) stays off.
+    stateBcastDefault = anyNet || comm.nranks() > 8 ? 0 : 128 << 10;
   }
   flatMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_MAX_BYTES", int64_t(flatDefault)));
   flatGatherMaxBytes_ = static_cast<size_t>(
@@ -143,7 +150,17 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
       TUTTI_WARN("TUTTI_PAIR_TUNE=%s is not 1, 0 or slots: timing the two ways (1)", v->c_str());
     }
   }
-  stateBcastMinBytes_ = static_cast<size_t>(env::getInt("TUTTI_STATE_BROADCAST_MIN_BYTES", 0));
+  stateBcastMinBytes_ = static_cast<size_t>(
+      env::getInt("TUTTI_STATE_BROADCAST_MIN_BYTES", int64_t(stateBcastDefault)));
+  if (stateBcastMinBytes_ != 0 && anyNet) {
+    // Over tcp the root's verdict never says slow, and a rank's peek at the chain's first
+    // payload would race its socket's receive into the output (TcpConnection::recvInto).
+    if (comm.rank() == 0) {
+      TUTTI_WARN("TUTTI_STATE_BROADCAST_MIN_BYTES=%zu: ignored, some links go over the network",
+                 stateBcastMinBytes_);
+    }
+    stateBcastMinBytes_ = 0;
+  }
   stateBcastMaxBytes_ =
       static_cast<size_t>(env::getInt("TUTTI_STATE_BROADCAST_MAX_BYTES", int64_t(4) << 20));
   treeMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_TREE_MAX_BYTES", int64_t(treeDefault)));
@@ -271,20 +288,6 @@ Status Engine::runCollective(const CollArgs& op) {
       total >= flatBcastMinBytes_) {
     return runFlat(op, state);
   }
-  // Every broadcast, whatever its size, carries the root's choice and byte count, so that
-  // ranks that disagree on the count fail at once instead of waiting on different links.
-  if (op.kind == CollKind::kBroadcast && n > 2 && stateBcastMinBytes_ != 0) {
-    Status s = ensureFlatLinks(state);
-    if (!s.ok()) return s;
-    bool flat = r == op.root && total >= stateBcastMinBytes_ && total <= stateBcastMaxBytes_ &&
-                flatBroadcastNow();
-    {
-      Waiter w(&state);
-      flat = cpu::shareBroadcastChoice(op, total, r, n, flatLinks_, flat, &w);
-    }
-    if (!state.status().ok()) return state.status();
-    if (flat) return runFlat(op, state);
-  }
   transport::FifoView** sendTo = ringSend_;
   transport::FifoView** recvFrom = ringRecv_;
   if (n > 1 && count > 0 && !ringSend_[nch - 1]) {  // channels are set up in order
@@ -300,6 +303,22 @@ Status Engine::runCollective(const CollArgs& op) {
       ringSend_[c] = comm_.links().send(next, c);
       ringRecv_[c] = comm_.links().recv(prev, c);
     }
+  }
+  // Broadcasts by the machine's state (see the constructor): the root goes flat while its
+  // copies into the ring's slots run slow and says so by a marker down the chain; the chain
+  // needs no word ahead of its data.
+  if (op.kind == CollKind::kBroadcast && n > 2 && count > 0 && stateBcastMinBytes_ != 0) {
+    Status s = ensureFlatLinks(state);
+    if (!s.ok()) return s;
+    const bool rootFlat = r == op.root && total >= stateBcastMinBytes_ &&
+                          total <= stateBcastMaxBytes_ && flatBroadcastNow();
+    bool flat;
+    {
+      Waiter w(&state);
+      flat = cpu::broadcastWay(op, total, r, n, ringRecv_[0], ringSend_[0], rootFlat, &w);
+    }
+    if (!state.status().ok()) return state.status();
+    if (flat) return runFlat(op, state);
   }
 
   // A slot's worth per step for big messages; smaller steps for mid-sized ones, so that a

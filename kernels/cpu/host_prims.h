@@ -34,6 +34,8 @@ class HostPrims {
   // word or not, and the next receives check it (-1: no check), so that ranks that disagree
   // on a block's length fail even where their chunks match in size.
   void markLast(bool last) { sendFlag_ = last ? transport::kLastSlot : 0; }
+  // The next sends carry these flags in their size word (transport::kWaySlot).
+  void flagSends(uint64_t flags) { sendFlag_ = flags; }
   void expectLast(int last) { expectLast_ = last; }
   // Sends that go by address go so whenever the transport can (Connection::sendFrom).
   void preferAddress(transport::SendHow how = transport::SendHow::kByAddress) { how_ = how; }
@@ -49,6 +51,14 @@ class HostPrims {
     transport::FifoView& f = *recvFrom_;
     return untilPosted() &&
            f.ctrl->src[f.step % transport::kSteps].load(std::memory_order_relaxed) != 0;
+  }
+
+  // Receiver: waits for the next payload and returns its size word, leaving the payload
+  // where it is for the next receive; 0 when the operation failed.
+  uint64_t peekWord() {
+    transport::FifoView& f = *recvFrom_;
+    return untilPosted() ? f.ctrl->sizes[f.step % transport::kSteps].load(std::memory_order_relaxed)
+                         : 0;
   }
 
   void send(size_t inOff, int n) {

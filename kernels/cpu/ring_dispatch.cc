@@ -414,35 +414,35 @@ void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int n, const F
   for (auto& p : to) p.finish();
 }
 
-bool shareBroadcastChoice(const CollArgs& op, size_t bytes, int rank, int n, const FlatLinks& links,
-                          bool flat, Waiter* w) {
-  struct Choice {
-    uint64_t bytes;
-    uint64_t flat;
-  } c{bytes, flat ? 1u : 0u};
-  auto* raw = reinterpret_cast<uint8_t*>(&c);
+bool broadcastWay(const CollArgs& op, size_t bytes, int rank, int n, transport::FifoView* prev,
+                  transport::FifoView* next, bool rootFlat, Waiter* w) {
+  uint64_t marked = bytes;  // the marker's payload: the root's byte count
+  auto* raw = reinterpret_cast<uint8_t*>(&marked);
+  const bool passOn = (rank + 1) % n != op.root;
+  HostPrims<uint8_t, CopyOnly> p(rank == op.root || passOn ? next : nullptr,
+                                 rank == op.root ? nullptr : prev, raw, raw, CopyOnly{}, w,
+                                 /*directSend=*/false);
   if (rank != op.root) {
-    HostPrims<uint8_t, CopyOnly> p(nullptr, links.recv[size_t(op.root)], nullptr, raw, CopyOnly{},
-                                   w);
-    p.recv(0, int(sizeof(c)));
-    p.finish();
-    if (!w->failed() && c.bytes != bytes) {
+    const uint64_t word = p.peekWord();
+    if (w->failed() || !(word & transport::kWaySlot)) return false;  // the chain's data
+    p.recv(0, int(sizeof(marked)));
+    if (!w->failed() && marked != bytes) {
       w->fail(invalidUsage("rank " + std::to_string(rank) + ": the root, rank " +
-                           std::to_string(op.root) + ", broadcasts " + std::to_string(c.bytes) +
+                           std::to_string(op.root) + ", broadcasts " + std::to_string(marked) +
                            " bytes where this rank expects " + std::to_string(bytes) + " (" +
                            w->op()->what() +
                            "): do all ranks call the same collectives with the same count, "
                            "datatype and root?"));
     }
-    return !w->failed() && c.flat == 1;
+  } else if (!rootFlat) {
+    return false;
   }
-  for (int d = 1; d < n && !w->failed(); ++d) {
-    HostPrims<uint8_t, CopyOnly> p(links.send[size_t((rank + d) % n)], nullptr, raw, nullptr,
-                                   CopyOnly{}, w);
-    p.send(0, int(sizeof(c)));
-    p.finish();
+  if (passOn && !w->failed()) {
+    p.flagSends(transport::kWaySlot);
+    p.send(0, int(sizeof(marked)));
   }
-  return flat && !w->failed();
+  p.finish();
+  return !w->failed();
 }
 
 bool movesBytes(CollKind kind) {

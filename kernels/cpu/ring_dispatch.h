@@ -57,12 +57,15 @@ void runFlatAllGather(const CollArgs& op, size_t bytes, int rank, int nranks,
 // the root, waiting, copies pieces into theirs); bytes in all.
 void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int nranks,
                       const FlatLinks& links, Waiter* w);
-// The root of a broadcast tells every other rank, over the flat links, which way this one
-// goes (flat: runFlatBroadcast; else the ring chain) and how many bytes it sends, ahead of any
-// data; a rank expecting another size fails naming both. Returns the choice (the root's
-// `flat`, the one received elsewhere); false also when the wait failed (the Waiter holds why).
-bool shareBroadcastChoice(const CollArgs& op, size_t bytes, int rank, int nranks,
-                          const FlatLinks& links, bool flat, Waiter* w);
+// The way a broadcast goes, flat (runFlatBroadcast) or by the ring chain, as the root chose
+// (rootFlat): for the flat way the root sends a marker with its byte count to the next rank,
+// and every rank passes it on down the chain before the flat receive; for the chain way
+// nothing is sent -- the chain's first payload tells the others. So the chain costs nothing
+// more, and a rank takes whichever way comes whatever its own count (a rank expecting
+// another size than the marker's fails naming both). prev / next: the ring's links (channel
+// 0). Returns the way; false also when the wait failed (the Waiter holds why).
+bool broadcastWay(const CollArgs& op, size_t bytes, int rank, int nranks, transport::FifoView* prev,
+                  transport::FifoView* next, bool rootFlat, Waiter* w);
 // Whether recursive doubling gives every rank the same bits for this operation: the op must
 // be commutative bit for bit (floating max/min are not, with NaNs).
 bool rdSymmetric(const CollArgs& op);
