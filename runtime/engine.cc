@@ -79,6 +79,7 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   rdLinks_.gatherTimed = crowded && !anyNet;  // tcp sends every way alike
   size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
   size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0, stateBcastDefault = 0;
+  size_t gatherTuneDefault = 0;
   if (crowded) {
     rdDefault = anyNet ? (comm.nranks() >= 8 ? 0 : 256 << 10) : 16 << 10;
     treeDefault = anyNet ? 256 << 10 : 128 << 10;
@@ -101,6 +102,14 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // 169, 214, 211; 2 MiB 1103, 1314, 1061; 16 MiB 15035, 14205, 13998. With 4 ranks the ring
     // stays (256 KiB: ring 60, doubling 91, Open MPI 85; 2 MiB 667, 687, 547).
     rdGatherDefault = comm.nranks() < 8 ? 0 : size_t(1) << 62;
+    // But from 8 MiB the ring beat doubling while a cache line crossed fast, and lost while it
+    // crossed slow: so rank 0 times both and picks (TwoWayTuner), telling the others by a
+    // marker down the ring chain. 8 ranks, survey, medians, us (tuned / doubling / ring / Open
+    // MPI): fast state, 13-17 runs each: 4 MiB 2039 / 2070 / 2154 / 2577; 16 MiB 8833 / 11893 /
+    // 8504 / 13428; 64 MiB 34863 / 48943 / 35540 / 51859; slow state, 3-8 runs: 4 MiB 3287 /
+    // 3186 / 3379 / 4296; 16 MiB 11541 / 12382 / 14543 / 13702; 64 MiB 43297 / 41316 / 55804 /
+    // 45284.
+    gatherTuneDefault = !anyNet && comm.nranks() >= 8 ? 4 << 20 : 0;
     // Broadcasts stay on the ring chain by default. The flat broadcast (every receiver reading the
     // root's buffer by address) measured ahead of it once (8 ranks, 256 KiB: 153 against 214 us)
     // but behind it since the per-message savings of d07441b-d837d1d: 8 ranks on 2 cores, in place,
@@ -164,6 +173,15 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   stateBcastMaxBytes_ =
       static_cast<size_t>(env::getInt("TUTTI_STATE_BROADCAST_MAX_BYTES", int64_t(4) << 20));
   treeMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_TREE_MAX_BYTES", int64_t(treeDefault)));
+  gatherTuneMinBytes_ = static_cast<size_t>(
+      env::getInt("TUTTI_ALLGATHER_TUNE_MIN_BYTES", int64_t(gatherTuneDefault)));
+  if (gatherTuneMinBytes_ != 0 && anyNet) {
+    if (comm.rank() == 0) {
+      TUTTI_WARN("TUTTI_ALLGATHER_TUNE_MIN_BYTES=%zu: ignored, some links go over the network",
+                 gatherTuneMinBytes_);
+    }
+    gatherTuneMinBytes_ = 0;
+  }
   // With a core per rank, waits busy-poll (answers come in well under a microsecond), for up
   // to 1 ms so that a short hiccup of the peer (another process, the hypervisor) does not
   // send this rank into yields and naps. With more ranks than cores on this machine (counted
@@ -180,11 +198,12 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
       "rank %d: CPU engine, %d-%d channels, %zu-byte ring chunks at most; all-reduce by "
       "flat exchange up to %zu bytes, recursive doubling up to %zu, binomial tree up to %zu; "
       "all-gather by flat exchange up to %zu, binomial tree up to %zu, recursive doubling up to "
-      "%zu; flat broadcast from %zu (0: never), flat or chain by the machine's state from %zu "
-      "(0: never) to %zu%s; waits spin up to %lld ns",
+      "%zu, by doubling or the ring as rank 0 times them from %zu (0: never); flat broadcast "
+      "from %zu (0: never), flat or chain by the machine's state from %zu (0: never) to %zu%s; "
+      "waits spin up to %lld ns",
       comm.rank(), minChannels_, maxChannels_, comm.links().ringStepBytes(), flatMaxBytes_,
       rdMaxBytes_, treeMaxBytes_, flatGatherMaxBytes_, treeGatherMaxBytes_, rdGatherMaxBytes_,
-      flatBcastMinBytes_, stateBcastMinBytes_, stateBcastMaxBytes_,
+      gatherTuneMinBytes_, flatBcastMinBytes_, stateBcastMinBytes_, stateBcastMaxBytes_,
       crowded ? " (more ranks than CPUs on a machine)" : "", static_cast<long long>(spinNs_));
 }
 
@@ -277,10 +296,14 @@ Status Engine::runCollective(const CollArgs& op) {
     }
     if (total <= treeMaxBytes_) return runRecursiveDoubling(op, state, true);
   }
+  // Big all-gathers of a power of two of ranks: doubling or the ring, by rank 0's timing.
+  const bool tuneGather = op.kind == CollKind::kAllGather && n > 2 && (n & (n - 1)) == 0 &&
+                          count > 0 && gatherTuneMinBytes_ != 0 && total >= gatherTuneMinBytes_;
   if (op.kind == CollKind::kAllGather && n > 2 && count > 0) {
     if (total <= flatGatherMaxBytes_) return runFlat(op, state);
     // The tree for the smaller sizes, doubling above (the all-reduce's order is the other way).
-    if ((n & (n - 1)) == 0 && total <= std::max(rdGatherMaxBytes_, treeGatherMaxBytes_)) {
+    if ((n & (n - 1)) == 0 && total <= std::max(rdGatherMaxBytes_, treeGatherMaxBytes_) &&
+        !tuneGather) {
       return runRecursiveDoubling(op, state, /*tree=*/total <= treeGatherMaxBytes_);
     }
   }
@@ -319,6 +342,26 @@ Status Engine::runCollective(const CollArgs& op) {
     }
     if (!state.status().ok()) return state.status();
     if (flat) return runFlat(op, state);
+  }
+  const int tuneBucket = TwoWayTuner::bucketOf(total);
+  const auto tuneStart = std::chrono::steady_clock::now();
+  int gatherWay = -1;  // tuneGather: 0 doubling, 1 the ring
+  if (tuneGather) {
+    {
+      Waiter w(&state);
+      gatherWay = cpu::passWay(0, total, r, n, ringRecv_[0], ringSend_[0],
+                               r == 0 ? algoTuner_.pick(tuneBucket) : -1, &w);
+    }
+    if (!state.status().ok()) return state.status();
+    if (gatherWay == 0) {
+      Status s = runRecursiveDoubling(op, state, false);
+      if (r == 0 && s.ok()) {
+        const std::chrono::duration<double, std::nano> took =
+            std::chrono::steady_clock::now() - tuneStart;
+        algoTuner_.record(tuneBucket, 0, took.count());
+      }
+      return s;
+    }
   }
 
   // A slot's worth per step for big messages; smaller steps for mid-sized ones, so that a
@@ -382,6 +425,11 @@ Status Engine::runCollective(const CollArgs& op) {
   if (tune && state.status().ok()) {
     const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - start;
     pairTuner_.record(bucket, pair == cpu::Pair::kThroughSlots ? 1 : 0, took.count());
+  }
+  if (gatherWay == 1 && r == 0 && state.status().ok()) {
+    const std::chrono::duration<double, std::nano> took =
+        std::chrono::steady_clock::now() - tuneStart;
+    algoTuner_.record(tuneBucket, 1, took.count());
   }
   return state.status();
 }

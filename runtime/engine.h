@@ -58,6 +58,10 @@ class Engine {
   PairWay pairWay_ = kPairTimed;
   TwoWayTuner pairTuner_;
   TwoWayTuner gatherTuner_;  // the crowded doubling all-gather's stages, the same way
+  // Big crowded all-gathers (a power of two of ranks, from gatherTuneMinBytes_): recursive
+  // doubling (way 0) or the ring (1), as rank 0's recent runs of each took (it tells the
+  // others: cpu::passWay).
+  TwoWayTuner algoTuner_;
   Status runP2p(const std::vector<const CollArgs*>& ops);
 
   Comm& comm_;
@@ -70,6 +74,7 @@ class Engine {
   size_t flatGatherMaxBytes_;  // all-gathers of 3+ ranks up to this total: the flat exchange
   size_t rdGatherMaxBytes_;    // then (a power of two of ranks) recursive doubling
   size_t treeGatherMaxBytes_;  // then the binomial tree
+  size_t gatherTuneMinBytes_;  // from this size doubling or the ring by timing (0: never)
   size_t flatBcastMinBytes_;   // broadcasts of 3+ ranks from this size: flat (0: never)
   size_t stateBcastMinBytes_;  // and from this size flat or chain by state (0: never)
   size_t stateBcastMaxBytes_;  // up to this one

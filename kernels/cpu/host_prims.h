@@ -34,8 +34,11 @@ class HostPrims {
   // word or not, and the next receives check it (-1: no check), so that ranks that disagree
   // on a block's length fail even where their chunks match in size.
   void markLast(bool last) { sendFlag_ = last ? transport::kLastSlot : 0; }
-  // The next sends carry these flags in their size word (transport::kWaySlot).
+  // The next sends carry these flags in their size word (transport::kWaySlot), and the next
+  // receives expect a way marker (cpu::passWay) or data: ranks that disagree on the
+  // operation's size, one expecting a marker, must not take one for the other.
   void flagSends(uint64_t flags) { sendFlag_ = flags; }
+  void expectWay(bool way) { expectWay_ = way; }
   void expectLast(int last) { expectLast_ = last; }
   // Sends that go by address go so whenever the transport can (Connection::sendFrom).
   void preferAddress(transport::SendHow how = transport::SendHow::kByAddress) { how_ = how; }
@@ -220,6 +223,15 @@ class HostPrims {
                             "datatype and root?"));
       return nullptr;
     }
+    if (((word & transport::kWaySlot) != 0) != expectWay_) {
+      w_->fail(invalidUsage("rank " + std::to_string(f.peer) + " sent " +
+                            (expectWay_ ? "data" : "the way of an operation") +
+                            " where this rank expected " + (expectWay_ ? "the way" : "data") +
+                            " (" + w_->op()->what() +
+                            "): do all ranks call the same collectives with the same count, "
+                            "datatype and root?"));
+      return nullptr;
+    }
     if (got != uint64_t(n) * sizeof(T)) {
       w_->fail(invalidUsage("rank " + std::to_string(f.peer) + " sent a slot of " +
                             std::to_string(got) + " bytes where this rank expected " +
@@ -261,6 +273,7 @@ class HostPrims {
   bool landed_ = false;  // the last acquireRecv's payload is already in its dst
   uint64_t sendFlag_ = 0;
   int expectLast_ = -1;
+  bool expectWay_ = false;
 };
 
 }  // namespace tutti::cpu

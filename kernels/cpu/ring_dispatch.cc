@@ -414,35 +414,56 @@ void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int n, const F
   for (auto& p : to) p.finish();
 }
 
-bool broadcastWay(const CollArgs& op, size_t bytes, int rank, int n, transport::FifoView* prev,
-                  transport::FifoView* next, bool rootFlat, Waiter* w) {
-  uint64_t marked = bytes;  // the marker's payload: the root's byte count
-  auto* raw = reinterpret_cast<uint8_t*>(&marked);
-  const bool passOn = (rank + 1) % n != op.root;
-  HostPrims<uint8_t, CopyOnly> p(rank == op.root || passOn ? next : nullptr,
-                                 rank == op.root ? nullptr : prev, raw, raw, CopyOnly{}, w,
+int passWay(int root, size_t bytes, int rank, int n, transport::FifoView* prev,
+            transport::FifoView* next, int way, Waiter* w) {
+  struct Marker {
+    uint64_t bytes;
+    uint64_t way;
+  } m{bytes, uint64_t(way)};
+  auto* raw = reinterpret_cast<uint8_t*>(&m);
+  const bool passOn = (rank + 1) % n != root;
+  HostPrims<uint8_t, CopyOnly> p(rank == root || passOn ? next : nullptr,
+                                 rank == root ? nullptr : prev, raw, raw, CopyOnly{}, w,
                                  /*directSend=*/false);
-  if (rank != op.root) {
+  auto usage = [&](const std::string& what) {
+    w->fail(invalidUsage("rank " + std::to_string(rank) + ": " + what + " (" + w->op()->what() +
+                         "): do all ranks call the same collectives with the same count, "
+                         "datatype and root?"));
+  };
+  if (rank != root) {
     const uint64_t word = p.peekWord();
-    if (w->failed() || !(word & transport::kWaySlot)) return false;  // the chain's data
-    p.recv(0, int(sizeof(marked)));
-    if (!w->failed() && marked != bytes) {
-      w->fail(invalidUsage("rank " + std::to_string(rank) + ": the root, rank " +
-                           std::to_string(op.root) + ", broadcasts " + std::to_string(marked) +
-                           " bytes where this rank expects " + std::to_string(bytes) + " (" +
-                           w->op()->what() +
-                           "): do all ranks call the same collectives with the same count, "
-                           "datatype and root?"));
+    if (w->failed()) return -1;
+    if (!(word & transport::kWaySlot)) {
+      usage("rank " + std::to_string(prev->peer) + " sent " +
+            std::to_string(word & transport::kSizeMask) +
+            " bytes of data where this rank expected the way rank " + std::to_string(root) +
+            " chose");
+      return -1;
     }
-  } else if (!rootFlat) {
-    return false;
+    p.expectWay(true);
+    p.recv(0, int(sizeof(m)));
+    if (!w->failed() && m.bytes != bytes) {
+      usage("rank " + std::to_string(root) + " runs this operation on " + std::to_string(m.bytes) +
+            " bytes where this rank has " + std::to_string(bytes));
+    }
   }
   if (passOn && !w->failed()) {
     p.flagSends(transport::kWaySlot);
-    p.send(0, int(sizeof(marked)));
+    p.send(0, int(sizeof(m)));
   }
   p.finish();
-  return !w->failed();
+  return w->failed() ? -1 : int(m.way);
+}
+
+bool broadcastWay(const CollArgs& op, size_t bytes, int rank, int n, transport::FifoView* prev,
+                  transport::FifoView* next, bool rootFlat, Waiter* w) {
+  if (rank == op.root) {
+    if (!rootFlat) return false;
+  } else {
+    HostPrims<uint8_t, CopyOnly> peek(nullptr, prev, nullptr, nullptr, CopyOnly{}, w);
+    if (!(peek.peekWord() & transport::kWaySlot)) return false;  // the chain, or a failed wait
+  }
+  return passWay(op.root, bytes, rank, n, prev, next, 1, w) == 1;
 }
 
 bool movesBytes(CollKind kind) {

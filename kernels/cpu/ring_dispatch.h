@@ -57,13 +57,17 @@ void runFlatAllGather(const CollArgs& op, size_t bytes, int rank, int nranks,
 // the root, waiting, copies pieces into theirs); bytes in all.
 void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int nranks,
                       const FlatLinks& links, Waiter* w);
+// The way an operation goes, as `root` chose it (`way`, 0 or 1; ignored elsewhere), passed
+// down the ring chain: the root sends a marker (transport::kWaySlot) with its byte count and
+// the way to the next rank, each rank passes it on before it starts. A rank expecting another
+// size fails naming both; one that finds data instead of a marker fails too. prev / next: the
+// ring's links (channel 0). Returns the way, -1 when the wait failed (the Waiter holds why).
+int passWay(int root, size_t bytes, int rank, int nranks, transport::FifoView* prev,
+            transport::FifoView* next, int way, Waiter* w);
 // The way a broadcast goes, flat (runFlatBroadcast) or by the ring chain, as the root chose
-// (rootFlat): for the flat way the root sends a marker with its byte count to the next rank,
-// and every rank passes it on down the chain before the flat receive; for the chain way
-// nothing is sent -- the chain's first payload tells the others. So the chain costs nothing
-// more, and a rank takes whichever way comes whatever its own count (a rank expecting
-// another size than the marker's fails naming both). prev / next: the ring's links (channel
-// 0). Returns the way; false also when the wait failed (the Waiter holds why).
+// (rootFlat): only the flat way is announced (passWay); for the chain nothing is sent -- the
+// chain's first payload tells the others. So the chain costs nothing more, and a rank takes
+// whichever way comes whatever its own count. Returns the way; false also when the wait failed.
 bool broadcastWay(const CollArgs& op, size_t bytes, int rank, int nranks, transport::FifoView* prev,
                   transport::FifoView* next, bool rootFlat, Waiter* w);
 // Whether recursive doubling gives every rank the same bits for this operation: the op must

@@ -163,11 +163,11 @@ TEST(PairTune, AllGathersByTimingOrThroughTheSlotsAreExact) {
 
 // Broadcasts of 3+ ranks over shm from TUTTI_STATE_BROADCAST_MIN_BYTES: the root goes flat
 // while its copies into the ring's slots run slow (adaptive single copy's verdict), by the ring
-// chain otherwise, and first tells every rank which. With the threshold at 10^6 GB/s every
-// copy is slow: the chain until the verdict, then 64 flat ones, then the chain again (the
-// verdict forgotten, the copies timed anew); at 0 never slow: the chain throughout. The
-// root's link to the rank two ahead shows which ran: one step (the choice) for the chain,
-// more for the flat one. Every rank gets the root's bytes, whichever way, from any root.
+// chain otherwise; a flat one starts with a marker passed down the chain. With the threshold
+// at 10^6 GB/s every copy is slow: the chain until the verdict, then 64 flat ones, then the
+// chain again (the verdict forgotten, the copies timed anew); at 0 never slow: the chain
+// throughout. The root's link to the rank two ahead shows which ran: no step for the chain,
+// one or more for the flat one. Every rank gets the root's bytes, whichever way, from any root.
 TEST(StateBroadcast, FlatWhileSlotCopiesRunSlowTheChainOtherwise) {
   ScopedEnv shm("NCCL_SHM_DISABLE", "0");
   ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
@@ -266,11 +266,89 @@ TEST(StateBroadcast, FlatWhileSlotCopiesRunSlowTheChainOtherwise) {
       return ncclBroadcast(buf.data(), buf.data(), buf.size(), ncclUint8, 0, c, nullptr);
     });
     EXPECT_NE(rc[2], ncclSuccess);
-    const std::string want = flat ? "the root, rank 0, broadcasts " + std::to_string(mine) +
-                                        " bytes where this rank expects " + std::to_string(theirs)
+    const std::string want = flat ? "rank 0 runs this operation on " + std::to_string(mine) +
+                                        " bytes where this rank has " + std::to_string(theirs)
                                   : "bytes where this rank expected";
     EXPECT_NE(msg[2].find(want), std::string::npos) << msg[2];
     for (auto& c : comms) ncclCommAbort(c);
+  }
+  EXPECT_EQ(leftoverShmSegments(), 0);
+}
+
+// Big all-gathers of a power of two of ranks from TUTTI_ALLGATHER_TUNE_MIN_BYTES: rank 0 times
+// recursive doubling and the ring and picks (alternating at first, doubling first), telling
+// the others by a marker down the ring chain. Rank 0's link to rank 2 shows which ran:
+// doubling's second stage uses it, the ring does not. Every rank gets every block, in place
+// or not; a rank whose count differs from rank 0's fails naming both, and nobody waits.
+TEST(GatherTune, DoublingOrTheRingByRankZerosTimingIsExact) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  ScopedEnv tune("TUTTI_ALLGATHER_TUNE_MIN_BYTES", "65536");
+  const int n = 4, ops = 40;
+  std::vector<ncclComm_t> comms = initThreads(n);
+  auto value = [](size_t i, int r, int op) { return uint8_t(i * 131 + size_t(r) * 7 + op); };
+  std::vector<uint64_t> steps(ops);  // rank 0's sends to rank 2 in each
+  onThreads(n, [&](int r) {
+    ncclComm_t c = comms[size_t(r)];
+    tutti::Links& links = reinterpret_cast<tutti::Comm*>(c)->links();
+    for (int op = 0; op < ops; ++op) {
+      // Mostly 64 KiB + 3 a rank (in one size class), now and then 3 bytes (not tuned).
+      const size_t count = op % 8 == 7 ? 3 : (64 << 10) + 3;
+      const bool inPlace = op % 3 == 1;
+      std::vector<uint8_t> send(count), recv(size_t(n) * count, 0);
+      for (size_t i = 0; i < count; ++i) send[i] = value(i, r, op);
+      if (inPlace) std::copy(send.begin(), send.end(), recv.begin() + size_t(r) * count);
+      const void* from = inPlace ? recv.data() + size_t(r) * count : send.data();
+      const tutti::transport::FifoView* f = links.send(2, 0);
+      const uint64_t before = f ? f->step : 0;
+      ASSERT_EQ(ncclAllGather(from, recv.data(), count, ncclUint8, c, nullptr), ncclSuccess)
+          << ncclGetLastError(c);
+      if (r == 0 && links.send(2, 0)) steps[size_t(op)] = links.send(2, 0)->step - before;
+      for (int q = 0; q < n; ++q) {
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(recv[size_t(q) * count + i], value(i, q, op))
+              << "rank " << r << " op " << op << " block " << q << " at " << i;
+        }
+      }
+    }
+  });
+  destroyAll(comms);
+  std::string ways;  // D: doubling, R: the ring, per tuned all-gather
+  for (int op = 0; op < ops; ++op) {
+    if (op % 8 != 7) ways += steps[size_t(op)] > 0 ? 'D' : 'R';
+  }
+  SCOPED_TRACE("ways: " + ways);
+  EXPECT_EQ(ways.substr(0, 6), "DRDRDR");  // until each way has two runs that count
+  // (Which way wins later depends on the machine's load: TwoWayTuner's own tests cover that.)
+
+  // After one all-gather each way (every link made: a link's setup would wait for a rank that
+  // failed before it until the bootstrap's timeout), rank 2 disagrees: on a size that is tuned
+  // too (it gets the marker and fails on rank 0's size), or on one that is not (it runs the
+  // ring and finds the marker where it expects data).
+  const size_t mine = 128 << 10;
+  for (auto [theirs, want] :
+       {std::pair<size_t, std::string>{(64 << 10) + 3, "rank 0 runs this operation on " +
+                                                           std::to_string(n * mine) +
+                                                           " bytes where this rank has " +
+                                                           std::to_string(n * ((64 << 10) + 3))},
+        std::pair<size_t, std::string>{
+            (8 << 10) + 1, "rank 1 sent the way of an operation where this rank expected data"}}) {
+    SCOPED_TRACE("rank 2: " + std::to_string(theirs) + " bytes a rank");
+    std::vector<ncclComm_t> mismatched = initThreads(n);
+    auto [rc, msg] = runMismatched(mismatched, [&, theirs = theirs](int r, ncclComm_t c) {
+      for (int i = 0; i < 2; ++i) {
+        std::vector<uint8_t> send(mine, 1), recv(size_t(n) * mine);
+        ncclResult_t res = ncclAllGather(send.data(), recv.data(), mine, ncclUint8, c, nullptr);
+        if (res != ncclSuccess) return res;
+      }
+      const size_t count = r == 2 ? theirs : mine;
+      std::vector<uint8_t> send(count, 1), recv(size_t(n) * count);
+      return ncclAllGather(send.data(), recv.data(), count, ncclUint8, c, nullptr);
+    });
+    EXPECT_NE(rc[2], ncclSuccess);
+    EXPECT_NE(msg[2].find(want), std::string::npos) << msg[2];
+    for (auto& c : mismatched) ncclCommAbort(c);
   }
   EXPECT_EQ(leftoverShmSegments(), 0);
 }
