@@ -159,29 +159,21 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
       TUTTI_WARN("TUTTI_PAIR_TUNE=%s is not 1, 0 or slots: timing the two ways (1)", v->c_str());
     }
   }
-  stateBcastMinBytes_ = static_cast<size_t>(
-      env::getInt("TUTTI_STATE_BROADCAST_MIN_BYTES", int64_t(stateBcastDefault)));
-  if (stateBcastMinBytes_ != 0 && anyNet) {
-    // Over tcp the root's verdict never says slow, and a rank's peek at the chain's first
-    // payload would race its socket's receive into the output (TcpConnection::recvInto).
-    if (comm.rank() == 0) {
-      TUTTI_WARN("TUTTI_STATE_BROADCAST_MIN_BYTES=%zu: ignored, some links go over the network",
-                 stateBcastMinBytes_);
+  // The way markers (cpu::passWay) are peeked at in the slot before the receive is posted:
+  // built and tested over shm only (tcp receives straight into the output once a receive is
+  // posted, and over tcp the root's copy verdict never says slow anyway).
+  auto shmOnly = [&](const char* name, int64_t byDefault) {
+    const auto v = static_cast<size_t>(env::getInt(name, byDefault));
+    if (v != 0 && anyNet && comm.rank() == 0) {
+      TUTTI_WARN("%s=%zu: ignored, some links go over the network", name, v);
     }
-    stateBcastMinBytes_ = 0;
-  }
+    return anyNet ? 0 : v;
+  };
+  stateBcastMinBytes_ = shmOnly("TUTTI_STATE_BROADCAST_MIN_BYTES", int64_t(stateBcastDefault));
   stateBcastMaxBytes_ =
       static_cast<size_t>(env::getInt("TUTTI_STATE_BROADCAST_MAX_BYTES", int64_t(4) << 20));
   treeMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_TREE_MAX_BYTES", int64_t(treeDefault)));
-  gatherTuneMinBytes_ = static_cast<size_t>(
-      env::getInt("TUTTI_ALLGATHER_TUNE_MIN_BYTES", int64_t(gatherTuneDefault)));
-  if (gatherTuneMinBytes_ != 0 && anyNet) {
-    if (comm.rank() == 0) {
-      TUTTI_WARN("TUTTI_ALLGATHER_TUNE_MIN_BYTES=%zu: ignored, some links go over the network",
-                 gatherTuneMinBytes_);
-    }
-    gatherTuneMinBytes_ = 0;
-  }
+  gatherTuneMinBytes_ = shmOnly("TUTTI_ALLGATHER_TUNE_MIN_BYTES", int64_t(gatherTuneDefault));
   // With a core per rank, waits busy-poll (answers come in well under a microsecond), for up
   // to 1 ms so that a short hiccup of the peer (another process, the hypervisor) does not
   // send this rank into yields and naps. With more ranks than cores on this machine (counted
