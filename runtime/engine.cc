@@ -108,31 +108,31 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // MPI): fast state, 13-17 runs each: 4 MiB 2039 / 2070 / 2154 / 2577; 16 MiB 8833 / 11893 /
     // 8504 / 13428; 64 MiB 34863 / 48943 / 35540 / 51859; slow state, 3-8 runs: 4 MiB 3287 /
     // 3186 / 3379 / 4296; 16 MiB 11541 / 12382 / 14543 / 13702; 64 MiB 43297 / 41316 / 55804 /
-    // 45284.
-    gatherTuneDefault = !anyNet && comm.nranks() >= 8 ? 4 << 20 : 0;
-    // Broadcasts stay on the ring chain by default. The flat broadcast (every receiver reading the
-    // root's buffer by address) measured ahead of it once (8 ranks, 256 KiB: 153 against 214 us)
-    // but behind it since the per-message savings of d07441b-d837d1d: 8 ranks on 2 cores, in place,
-    // 6-8 interleaved runs, medians, us (flat / chain / Open MPI): 64 KiB 62 / 38 / 53;
-    // 256 KiB 183 / 95 / 150; 2 MiB 1249 / 1104 / 1038; 16 MiB 13280 / 8912 / 11071; 64 MiB
-    // 54612 / 43237 / 42293 (runs begun in both cache states). But while the two vCPUs sit
-    // on different dies (a cache line's round trip ~330 ns, not ~85) the chain's hand-offs of
-    // freshly written lines cost most and the flat broadcast, reading the root's clean buffer,
-    // wins: 256 KiB 281-363 / 158-159 / 186-229 (chain / flat / Open MPI); 2 MiB 2322-2576 /
-    // 1205-1337 / 1311-1382; 16 MiB 11638 / 11145 / 10823; in the fast state at the same
-    // minutes 2 MiB 628-736 / 915-1188 / 805-1362, 16 MiB 7954-8079 / 9325-10780 / 9252-9573.
-    // Over shm the root can pick by state (flatBroadcastNow: its copies into the ring's slots
-    // run slow in the slow state) and tell the others first, from 128 KiB to 4 MiB. A survey
-    // of 8 ranks, in place, each run between two line round trips, every variant in turn, 17
-    // minutes, medians, us (state / chain / flat / Open MPI): both round trips under 150 ns,
-    // 80-104 runs each: 256 KiB 91 / 87 / 162 / 145; 1 MiB 357 / 378 / 593 / 490; 2 MiB 999 /
-    // 1012 / 1150 / 974; 4 MiB 2113 / 2046 / 2441 / 2316; 16 MiB (chain) 8681 / 12662 / 11843;
-    // both over 250 ns, 5-20 runs each: 256 KiB 242 / 397 / 195 / 217; 1 MiB 817 / 1296 / 826 /
-    // 854; 2 MiB 1755 / 1963 / 1615 / 1623; 4 MiB 3148 / 3573 / 3484 / 3312; 16 MiB (chain)
-    // 12825 / 14221 / 12891, so not above 4 MiB. The root tells the others only when it goes
-    // flat, by a marker (with its byte count) that each rank passes down the ring chain before
-    // its flat receive; the chain's own first payload says "chain", so the chain and the
-    // sizes outside the range pay nothing. (A 16-byte header from the root on every broadcast,
+    // 45284; in two interleaved runs, fast, 8 MiB 6032-6904 / 4364-4870 (doubling / ring). At
+    // 4 MiB the ways are even: from 8 MiB.
+    gatherTuneDefault = !anyNet && comm.nranks() >= 8 ? 8 << 20 : 0;
+    // Broadcasts by size alone stay on the ring chain by default. The flat broadcast (every
+    // receiver reading the root's buffer by address) measured ahead of it once (8 ranks, 256 KiB:
+    // 153 against 214 us) but behind it since the per-message savings of d07441b-d837d1d: 8 ranks
+    // on 2 cores, in place, 6-8 interleaved runs, medians, us (flat / chain / Open MPI): 64 KiB 62
+    // / 38 / 53; 256 KiB 183 / 95 / 150; 2 MiB 1249 / 1104 / 1038; 16 MiB 13280 / 8912 / 11071; 64
+    // MiB 54612 / 43237 / 42293 (runs begun in both cache states). But while the two vCPUs sit on
+    // different dies (a cache line's round trip ~330 ns, not ~85) the chain's hand-offs of freshly
+    // written lines cost most and the flat broadcast, reading the root's clean buffer, wins: 256
+    // KiB 281-363 / 158-159 / 186-229 (chain / flat / Open MPI); 2 MiB 2322-2576 / 1205-1337 /
+    // 1311-1382; 16 MiB 11638 / 11145 / 10823; in the fast state at the same minutes 2 MiB 628-736
+    // / 915-1188 / 805-1362, 16 MiB 7954-8079 / 9325-10780 / 9252-9573. Over shm the root can pick
+    // by state (flatBroadcastNow: its copies into the ring's slots run slow in the slow state) and
+    // tell the others first, from 128 KiB to 4 MiB. A survey of 8 ranks, in place, each run between
+    // two line round trips, every variant in turn, 17 minutes, medians, us (state / chain / flat /
+    // Open MPI): both round trips under 150 ns, 80-104 runs each: 256 KiB 91 / 87 / 162 / 145; 1
+    // MiB 357 / 378 / 593 / 490; 2 MiB 999 / 1012 / 1150 / 974; 4 MiB 2113 / 2046 / 2441 / 2316; 16
+    // MiB (chain) 8681 / 12662 / 11843; both over 250 ns, 5-20 runs each: 256 KiB 242 / 397 / 195 /
+    // 217; 1 MiB 817 / 1296 / 826 / 854; 2 MiB 1755 / 1963 / 1615 / 1623; 4 MiB 3148 / 3573 / 3484
+    // / 3312; 16 MiB (chain) 12825 / 14221 / 12891, so not above 4 MiB. The root tells the others
+    // only when it goes flat, by a marker (with its byte count) that each rank passes down the ring
+    // chain before its flat receive; the chain's own first payload says "chain", so the chain and
+    // the sizes outside the range pay nothing. (A 16-byte header from the root on every broadcast,
     // as first built, doubled the tiny ones: 8 B 8.75 against 4.28 us.) A survey of 8 ranks,
     // in place, every variant in turn in random order, 13 minutes, medians, us (state / chain /
     // flat / Open MPI): fast state, 70-78 runs each: 8 B 3.0 / 2.9 / - / 1.7; 32 KiB 18.2 /
@@ -140,7 +140,11 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // 2120 / 2482 / 2288; slow state, 8-16 runs each: 8 B 3.5 / 3.1 / - / 2.0; 256 KiB 254 /
     // 401 / 201 / 197; 1 MiB 896 / 1239 / 759 / 696; 4 MiB 3607 / 3575 / 3573 / 3015. On by
     // default where it was measured, ranks crowded over shm; the flat broadcast by size alone
-    // (TUTTI_FLAT_BROADCAST_MIN_BYTES) stays off.
+    // (TUTTI_FLAT_BROADCAST_MIN_BYTES) stays off. The verdict is timed anew (by the chain, some
+    // 8 broadcasts) after every TUTTI_STATE_BROADCAST_RECHECK flat ones: a survey, slow state,
+    // 28-34 runs each, us (every 256 / every 64 / chain / flat / Open MPI): 256 KiB 209 / 234 /
+    // 333 / 196 / 185; 1 MiB 710 / 840 / 1198 / 616 / 642; fast state, 263-279 runs: 256 KiB
+    // 80 / 83 / 83 / 153 / 134; 1 MiB 306 / 314 / 305 / 503 / 449. So 256.
     stateBcastDefault = anyNet || comm.nranks() > 8 ? 0 : 128 << 10;
   }
   flatMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_MAX_BYTES", int64_t(flatDefault)));
@@ -172,6 +176,8 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   stateBcastMinBytes_ = shmOnly("TUTTI_STATE_BROADCAST_MIN_BYTES", int64_t(stateBcastDefault));
   stateBcastMaxBytes_ =
       static_cast<size_t>(env::getInt("TUTTI_STATE_BROADCAST_MAX_BYTES", int64_t(4) << 20));
+  stateRecheck_ = static_cast<uint32_t>(
+      std::clamp<int64_t>(env::getInt("TUTTI_STATE_BROADCAST_RECHECK", 256), 1, 1 << 20));
   treeMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_TREE_MAX_BYTES", int64_t(treeDefault)));
   gatherTuneMinBytes_ = shmOnly("TUTTI_ALLGATHER_TUNE_MIN_BYTES", int64_t(gatherTuneDefault));
   // With a core per rank, waits busy-poll (answers come in well under a microsecond), for up
@@ -191,12 +197,14 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
       "flat exchange up to %zu bytes, recursive doubling up to %zu, binomial tree up to %zu; "
       "all-gather by flat exchange up to %zu, binomial tree up to %zu, recursive doubling up to "
       "%zu, by doubling or the ring as rank 0 times them from %zu (0: never); flat broadcast "
-      "from %zu (0: never), flat or chain by the machine's state from %zu (0: never) to %zu%s; "
+      "from %zu (0: never), flat or chain by the machine's state from %zu (0: never) to %zu "
+      "(timed anew every %u flat ones)%s; "
       "waits spin up to %lld ns",
       comm.rank(), minChannels_, maxChannels_, comm.links().ringStepBytes(), flatMaxBytes_,
       rdMaxBytes_, treeMaxBytes_, flatGatherMaxBytes_, treeGatherMaxBytes_, rdGatherMaxBytes_,
       gatherTuneMinBytes_, flatBcastMinBytes_, stateBcastMinBytes_, stateBcastMaxBytes_,
-      crowded ? " (more ranks than CPUs on a machine)" : "", static_cast<long long>(spinNs_));
+      stateRecheck_, crowded ? " (more ranks than CPUs on a machine)" : "",
+      static_cast<long long>(spinNs_));
 }
 
 Engine::~Engine() = default;
@@ -335,9 +343,17 @@ Status Engine::runCollective(const CollArgs& op) {
     if (!state.status().ok()) return state.status();
     if (flat) return runFlat(op, state);
   }
-  const int tuneBucket = TwoWayTuner::bucketOf(total);
-  const auto tuneStart = std::chrono::steady_clock::now();
+  const int tuneBucket = tuneGather ? TwoWayTuner::bucketOf(total) : 0;
+  const auto tuneStart =
+      tuneGather ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   int gatherWay = -1;  // tuneGather: 0 doubling, 1 the ring
+  if (op.kind == CollKind::kAllGather && n > 2 && (n & (n - 1)) == 0 && count > 0 &&
+      gatherTuneMinBytes_ != 0) {
+    // Doubling's links before any marker: a rank failing on the marker must not leave its
+    // partners waiting for it in a link's setup (whatever the size of this rank's call).
+    Status s = ensureRdLinks(state);
+    if (!s.ok()) return s;
+  }
   if (tuneGather) {
     {
       Waiter w(&state);
@@ -437,7 +453,7 @@ bool Engine::flatBroadcastNow() {
     flatByState_ = slow;
   }
   if (!slow) flatSinceVerdict_ = 0;
-  if (slow && ++flatSinceVerdict_ >= kStateRecheck) {
+  if (slow && ++flatSinceVerdict_ >= stateRecheck_) {
     c->forgetSlowCopies();  // the chain's next copies into the slots time the machine again
     flatSinceVerdict_ = 0;
   }
@@ -480,7 +496,7 @@ Status Engine::runFlat(const CollArgs& op, OpState& state) {
   return state.status();
 }
 
-Status Engine::runRecursiveDoubling(const CollArgs& op, OpState& state, bool tree) {
+Status Engine::ensureRdLinks(OpState& state) {
   const int n = comm_.nranks(), r = comm_.rank();
   if (!rdReady_) {
     const algo::RdPlan plan = algo::rdPlan(r, n);
@@ -502,6 +518,13 @@ Status Engine::runRecursiveDoubling(const CollArgs& op, OpState& state, bool tre
     }
     rdReady_ = true;
   }
+  return Status::Ok();
+}
+
+Status Engine::runRecursiveDoubling(const CollArgs& op, OpState& state, bool tree) {
+  const int n = comm_.nranks(), r = comm_.rank();
+  Status s = ensureRdLinks(state);
+  if (!s.ok()) return s;
   // Crowded all-gathers: each stage by address or through the slots, whichever this rank's
   // recent ones of this size took less time (TwoWayTuner; as the two-rank exchange).
   const bool timed = op.kind == CollKind::kAllGather && rdLinks_.gatherTimed;

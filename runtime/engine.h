@@ -44,14 +44,15 @@ class Engine {
   Status runCollective(const CollArgs& op);
   // tree: the binomial tree over recursive doubling's links (collectives/recursive_doubling.h).
   Status runRecursiveDoubling(const CollArgs& op, OpState& state, bool tree);
+  Status ensureRdLinks(OpState& state);
   Status runFlat(const CollArgs& op, OpState& state);
   Status ensureFlatLinks(OpState& state);
   // The root of a broadcast from stateBcastMinBytes_: flat while copies into the ring's slots
   // run slow (the shm link to the next rank says: Connection::copiesRunSlow), the chain
-  // otherwise. After kStateRecheck flat ones in a row the verdict is forgotten, so that the
+  // otherwise. After stateRecheck_ flat ones in a row the verdict is forgotten, so that the
   // chain's copies time the machine again.
   bool flatBroadcastNow();
-  static constexpr uint32_t kStateRecheck = 64;
+  uint32_t stateRecheck_;
   // Two-rank shm all-gathers: by address or through the slots, whichever runs faster now
   // (TUTTI_PAIR_TUNE pins one).
   enum PairWay { kPairTimed, kPairByAddress, kPairThroughSlots };

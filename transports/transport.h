@@ -30,8 +30,9 @@ namespace tutti::transport {
 constexpr int kSteps = 8;
 // Flag in a slot's size word: the last slot of a point-to-point message.
 constexpr uint64_t kLastSlot = 1ull << 62;
-// Flag in a slot's size word: not data but the way an operation goes (the broadcast by the
-// machine's state: the root's "flat" marker, passed down the ring chain; Engine).
+// Flag in a slot's size word: not data but the way an operation goes, passed down the ring
+// chain (cpu::passWay): the broadcast by the machine's state going flat, the big crowded
+// all-gather's doubling or ring (Engine).
 constexpr uint64_t kWaySlot = 1ull << 61;
 constexpr uint64_t kSizeMask = (1ull << 40) - 1;
 

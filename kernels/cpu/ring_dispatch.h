@@ -67,7 +67,9 @@ int passWay(int root, size_t bytes, int rank, int nranks, transport::FifoView* p
 // The way a broadcast goes, flat (runFlatBroadcast) or by the ring chain, as the root chose
 // (rootFlat): only the flat way is announced (passWay); for the chain nothing is sent -- the
 // chain's first payload tells the others. So the chain costs nothing more, and a rank takes
-// whichever way comes whatever its own count. Returns the way; false also when the wait failed.
+// whichever way comes whatever its own count -- except a rank whose count is 0, which takes
+// no part (as in the plain chain): it cannot wait for a first payload that may never come.
+// Returns the way; false also when the wait failed.
 bool broadcastWay(const CollArgs& op, size_t bytes, int rank, int nranks, transport::FifoView* prev,
                   transport::FifoView* next, bool rootFlat, Waiter* w);
 // Whether recursive doubling gives every rank the same bits for this operation: the op must

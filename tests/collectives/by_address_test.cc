@@ -176,6 +176,7 @@ TEST(StateBroadcast, FlatWhileSlotCopiesRunSlowTheChainOtherwise) {
   ScopedEnv mode("TUTTI_SHM_SINGLE_COPY", nullptr);
   ScopedEnv flat("TUTTI_FLAT_BROADCAST_MIN_BYTES", nullptr);
   ScopedEnv state("TUTTI_STATE_BROADCAST_MIN_BYTES", "65536");
+  ScopedEnv recheck("TUTTI_STATE_BROADCAST_RECHECK", "64");
   const int n = 4, ops = 100;
   for (const char* slowGBps : {"1000000", "0"}) {
     SCOPED_TRACE(std::string("TUTTI_SHM_SLOW_GBPS=") + slowGBps);
@@ -239,7 +240,7 @@ TEST(StateBroadcast, FlatWhileSlotCopiesRunSlowTheChainOtherwise) {
       EXPECT_FALSE(runs[0].first);
       EXPECT_LE(runs[0].second, 8);
       EXPECT_TRUE(runs[1].first);
-      EXPECT_EQ(runs[1].second, 64);  // Engine::kStateRecheck
+      EXPECT_EQ(runs[1].second, 64);  // TUTTI_STATE_BROADCAST_RECHECK
       EXPECT_FALSE(runs[2].first);
     }
   }
@@ -322,10 +323,10 @@ TEST(GatherTune, DoublingOrTheRingByRankZerosTimingIsExact) {
   EXPECT_EQ(ways.substr(0, 6), "DRDRDR");  // until each way has two runs that count
   // (Which way wins later depends on the machine's load: TwoWayTuner's own tests cover that.)
 
-  // After one all-gather each way (every link made: a link's setup would wait for a rank that
-  // failed before it until the bootstrap's timeout), rank 2 disagrees: on a size that is tuned
-  // too (it gets the marker and fails on rank 0's size), or on one that is not (it runs the
-  // ring and finds the marker where it expects data).
+  // On a fresh communicator (doubling's links are made before the marker, so no rank waits in
+  // a link's setup for one that failed), rank 2 disagrees: on a size that is tuned too (it
+  // gets the marker and fails on rank 0's size), or on one that is not (it runs the ring and
+  // finds the marker where it expects data).
   const size_t mine = 128 << 10;
   for (auto [theirs, want] :
        {std::pair<size_t, std::string>{(64 << 10) + 3, "rank 0 runs this operation on " +
@@ -337,11 +338,6 @@ TEST(GatherTune, DoublingOrTheRingByRankZerosTimingIsExact) {
     SCOPED_TRACE("rank 2: " + std::to_string(theirs) + " bytes a rank");
     std::vector<ncclComm_t> mismatched = initThreads(n);
     auto [rc, msg] = runMismatched(mismatched, [&, theirs = theirs](int r, ncclComm_t c) {
-      for (int i = 0; i < 2; ++i) {
-        std::vector<uint8_t> send(mine, 1), recv(size_t(n) * mine);
-        ncclResult_t res = ncclAllGather(send.data(), recv.data(), mine, ncclUint8, c, nullptr);
-        if (res != ncclSuccess) return res;
-      }
       const size_t count = r == 2 ? theirs : mine;
       std::vector<uint8_t> send(count, 1), recv(size_t(n) * count);
       return ncclAllGather(send.data(), recv.data(), count, ncclUint8, c, nullptr);
