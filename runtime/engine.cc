@@ -367,6 +367,7 @@ Status Engine::runCollective(const CollArgs& op) {
         const std::chrono::duration<double, std::nano> took =
             std::chrono::steady_clock::now() - tuneStart;
         algoTuner_.record(tuneBucket, 0, took.count());
+        traceLeaning(algoTuner_, tuneBucket, "all-gathers", "by recursive doubling", "by the ring");
       }
       return s;
     }
@@ -433,13 +434,26 @@ Status Engine::runCollective(const CollArgs& op) {
   if (tune && state.status().ok()) {
     const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - start;
     pairTuner_.record(bucket, pair == cpu::Pair::kThroughSlots ? 1 : 0, took.count());
+    traceLeaning(pairTuner_, bucket, "two-rank all-gathers", "by address", "through the slots");
   }
   if (gatherWay == 1 && r == 0 && state.status().ok()) {
     const std::chrono::duration<double, std::nano> took =
         std::chrono::steady_clock::now() - tuneStart;
     algoTuner_.record(tuneBucket, 1, took.count());
+    traceLeaning(algoTuner_, tuneBucket, "all-gathers", "by recursive doubling", "by the ring");
   }
   return state.status();
+}
+
+void Engine::traceLeaning(TwoWayTuner& t, int bucket, const char* what, const char* way0,
+                          const char* way1) {
+  const int way = t.newLeaning(bucket);
+  if (way < 0) return;
+  TUTTI_INFO(log::kTuning,
+             "rank %d: %s of %llu-%llu bytes now go %s: fastest recent runs %s %.1f us, %s "
+             "%.1f us",
+             comm_.rank(), what, 1ull << bucket, bucket < 63 ? (2ull << bucket) - 1 : ~0ull,
+             way ? way1 : way0, way0, t.fastest(bucket, 0) / 1e3, way1, t.fastest(bucket, 1) / 1e3);
 }
 
 bool Engine::flatBroadcastNow() {
@@ -541,6 +555,8 @@ Status Engine::runRecursiveDoubling(const CollArgs& op, OpState& state, bool tre
   if (timed && pairWay_ == kPairTimed && state.status().ok()) {
     const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - start;
     gatherTuner_.record(bucket, rdLinks_.gatherByAddress ? 0 : 1, took.count());
+    traceLeaning(gatherTuner_, bucket, "doubling all-gather stages", "by address",
+                 "through the slots");
   }
   return state.status();
 }

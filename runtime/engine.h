@@ -63,6 +63,9 @@ class Engine {
   // doubling (way 0) or the ring (1), as rank 0's recent runs of each took (it tells the
   // others: cpu::passWay).
   TwoWayTuner algoTuner_;
+  // After a tuner's record(): a TUNING trace line when its leaning for the size class changed.
+  void traceLeaning(TwoWayTuner& t, int bucket, const char* what, const char* way0,
+                    const char* way1);
   Status runP2p(const std::vector<const CollArgs*>& ops);
 
   Comm& comm_;

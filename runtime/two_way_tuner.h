@@ -60,6 +60,20 @@ class TwoWayTuner {
     if (b.way[0].counted() < 2 || b.way[1].counted() < 2) return -1;
     return lean(b);
   }
+  // The leaning, where it differs from the one this last returned for the size class (a trace
+  // line for each change); -1 otherwise.
+  int newLeaning(int bucket) {
+    Bucket& b = buckets_[std::clamp(bucket, 0, kBuckets - 1)];
+    const int now = leaning(bucket);
+    if (now < 0 || now == b.told) return -1;
+    b.told = now;
+    return now;
+  }
+  // The fastest kept run of `way` in this size class, ns (0 while none counts).
+  double fastest(int bucket, int way) const {
+    const Way& w = buckets_[std::clamp(bucket, 0, kBuckets - 1)].way[way & 1];
+    return w.counted() ? w.typical() : 0;
+  }
 
  private:
   struct Way {
@@ -74,7 +88,8 @@ class TwoWayTuner {
   struct Bucket {
     Way way[2];
     uint32_t runs = 0;
-    int best = 0;  // the way taken when not exploring
+    int best = 0;   // the way taken when not exploring
+    int told = -1;  // the leaning newLeaning last returned
   };
   // The other way takes over only when clearly faster (by kMargin), so that two about as fast
   // do not flip back and forth on noise.

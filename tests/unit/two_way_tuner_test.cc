@@ -102,3 +102,23 @@ TEST(TwoWayTuner, FollowsAChangeOfStateButNotOneOutlier) {
 }
 
 }  // namespace
+
+// A trace line for each change of leaning: newLeaning returns the way once when the size
+// class first leans, again only when it turns, and fastest() the times behind it.
+TEST(TwoWayTuner, NewLeaningReportsEachChangeOnce) {
+  TwoWayTuner t;
+  const int b = 20;
+  EXPECT_EQ(t.fastest(b, 0), 0.0);
+  bool slowWay1 = true;
+  std::vector<int> changes;
+  for (int i = 0; i < 200; ++i) {
+    if (i == 100) slowWay1 = false;  // way 1 becomes the fast one
+    const int way = t.pick(b);
+    t.record(b, way, way == 1 && slowWay1 ? 80.0 : way == 1 ? 20.0 : 50.0);
+    if (int l = t.newLeaning(b); l >= 0) changes.push_back(l);
+  }
+  EXPECT_EQ(changes, (std::vector<int>{0, 1}));
+  EXPECT_EQ(t.fastest(b, 0), 50.0);
+  EXPECT_EQ(t.fastest(b, 1), 20.0);
+  EXPECT_EQ(t.newLeaning(b), -1);
+}
