@@ -89,7 +89,15 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // 99-205, doubling 152-230, ring 221-631, Open MPI 132-197; 256 KiB tree 572-617, ring
     // 558-785, Open MPI 665-984; 1 MiB ring 1347-1941, tree 1827-2386. With 4 ranks over tcp
     // all were within each other's noise (51-107): the ring stays.
-    flatGatherDefault = anyNet || comm.nranks() > 8 ? 0 : 16 << 10;
+    // Since then the doubling all-gather (below) took over from the ring, and against it the
+    // flat exchange won up to 256 KiB at 8 ranks: a survey, every variant in turn in random
+    // order, 9 minutes, medians, us (flat / doubling / Open MPI with yield_when_idle): fast
+    // state, 129-139 runs each: 32 KiB 25 / 33 / 84; 128 KiB 61 / 78 / 135; 256 KiB 141 / 143
+    // / 187; 512 KiB 343 / 293 / 289; slow state, 10-17 runs: 32 KiB 60 / 69 / 130; 128 KiB
+    // 167 / 215 / 285; 256 KiB 281 / 310 / 507; 512 KiB 390 / 627 / 766. So to 256 KiB at 8
+    // ranks (its slots touch 256 KiB of each of the 56 links: 14 MiB of shm); fewer ranks were
+    // not surveyed and keep 16 KiB.
+    flatGatherDefault = anyNet || comm.nranks() > 8 ? 0 : comm.nranks() == 8 ? 256 << 10 : 16 << 10;
     // Since doubling sends by address (tcp: from the output, no copy into a slot), it beats the
     // tree over tcp from 32 KiB: 8 ranks on 2 cores, 3-4 interleaved runs, medians, us: 4 KiB
     // tree 88, doubling 97, Open MPI 164; 32 KiB 111, 107, 146; 256 KiB 356, 220, 523; 2 MiB
