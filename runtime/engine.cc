@@ -305,8 +305,10 @@ Status Engine::runCollective(const CollArgs& op) {
     if (total <= treeMaxBytes_) return runRecursiveDoubling(op, state, true);
   }
   // Big all-gathers of a power of two of ranks: doubling or the ring, by rank 0's timing.
-  const bool tuneGather = op.kind == CollKind::kAllGather && n > 2 && (n & (n - 1)) == 0 &&
-                          count > 0 && gatherTuneMinBytes_ != 0 && total >= gatherTuneMinBytes_;
+  // (gatherTunable: whatever this rank's size, so that doubling's links are made below.)
+  const bool gatherTunable = op.kind == CollKind::kAllGather && n > 2 && (n & (n - 1)) == 0 &&
+                             count > 0 && gatherTuneMinBytes_ != 0;
+  const bool tuneGather = gatherTunable && total >= gatherTuneMinBytes_;
   if (op.kind == CollKind::kAllGather && n > 2 && count > 0) {
     if (total <= flatGatherMaxBytes_) return runFlat(op, state);
     // The tree for the smaller sizes, doubling above (the all-reduce's order is the other way).
@@ -352,11 +354,9 @@ Status Engine::runCollective(const CollArgs& op) {
     if (flat) return runFlat(op, state);
   }
   const int tuneBucket = tuneGather ? TwoWayTuner::bucketOf(total) : 0;
-  const auto tuneStart =
-      tuneGather ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  const Clock::time_point tuneStart = tuneGather ? Clock::now() : Clock::time_point{};
   int gatherWay = -1;  // tuneGather: 0 doubling, 1 the ring
-  if (op.kind == CollKind::kAllGather && n > 2 && (n & (n - 1)) == 0 && count > 0 &&
-      gatherTuneMinBytes_ != 0) {
+  if (gatherTunable) {
     // Doubling's links before any marker: a rank failing on the marker must not leave its
     // partners waiting for it in a link's setup (whatever the size of this rank's call).
     Status s = ensureRdLinks(state);
@@ -371,12 +371,7 @@ Status Engine::runCollective(const CollArgs& op) {
     if (!state.status().ok()) return state.status();
     if (gatherWay == 0) {
       Status s = runRecursiveDoubling(op, state, false);
-      if (r == 0 && s.ok()) {
-        const std::chrono::duration<double, std::nano> took =
-            std::chrono::steady_clock::now() - tuneStart;
-        algoTuner_.record(tuneBucket, 0, took.count());
-        traceLeaning(algoTuner_, tuneBucket, "all-gathers", "by recursive doubling", "by the ring");
-      }
+      if (r == 0 && s.ok()) recordAlgoRun(tuneBucket, 0, tuneStart);
       return s;
     }
   }
@@ -427,7 +422,7 @@ Status Engine::runCollective(const CollArgs& op) {
   if ((tune && pairTuner_.pick(bucket) == 1) || (exchange && pairWay_ == kPairThroughSlots)) {
     pair = cpu::Pair::kThroughSlots;
   }
-  const auto start = std::chrono::steady_clock::now();
+  const Clock::time_point start = tune ? Clock::now() : Clock::time_point{};
   auto runChannel = [&](int c) {
     size_t base = std::min(per * size_t(c), count);
     algo::RingArgs ra{r, n, op.root, base, std::min(per, count - base), count, chunk};
@@ -440,22 +435,21 @@ Status Engine::runCollective(const CollArgs& op) {
   runChannel(0);
   for (int c = 1; c < nch; ++c) channelWorkers_[size_t(c - 1)]->wait();
   if (tune && state.status().ok()) {
-    const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - start;
-    pairTuner_.record(bucket, pair == cpu::Pair::kThroughSlots ? 1 : 0, took.count());
-    traceLeaning(pairTuner_, bucket, "two-rank all-gathers", "by address", "through the slots");
+    recordRun(pairTuner_, bucket, pair == cpu::Pair::kThroughSlots ? 1 : 0, start,
+              "two-rank all-gathers", "by address", "through the slots");
   }
-  if (gatherWay == 1 && r == 0 && state.status().ok()) {
-    const std::chrono::duration<double, std::nano> took =
-        std::chrono::steady_clock::now() - tuneStart;
-    algoTuner_.record(tuneBucket, 1, took.count());
-    traceLeaning(algoTuner_, tuneBucket, "all-gathers", "by recursive doubling", "by the ring");
-  }
+  if (gatherWay == 1 && r == 0 && state.status().ok()) recordAlgoRun(tuneBucket, 1, tuneStart);
   return state.status();
 }
 
-void Engine::traceLeaning(TwoWayTuner& t, int bucket, const char* what, const char* way0,
-                          const char* way1) {
-  const int way = t.newLeaning(bucket);
+void Engine::recordAlgoRun(int bucket, int way, Clock::time_point start) {
+  recordRun(algoTuner_, bucket, way, start, "all-gathers", "by recursive doubling", "by the ring");
+}
+
+void Engine::recordRun(TwoWayTuner& t, int bucket, int way, Clock::time_point start,
+                       const char* what, const char* way0, const char* way1) {
+  t.record(bucket, way, std::chrono::duration<double, std::nano>(Clock::now() - start).count());
+  way = t.newLeaning(bucket);
   if (way < 0) return;
   TUTTI_INFO(log::kTuning,
              "rank %d: %s of %llu-%llu bytes now go %s: fastest recent runs %s %.1f us, %s "
@@ -555,16 +549,14 @@ Status Engine::runRecursiveDoubling(const CollArgs& op, OpState& state, bool tre
     rdLinks_.gatherByAddress =
         pairWay_ == kPairTimed ? gatherTuner_.pick(bucket) == 0 : pairWay_ == kPairByAddress;
   }
-  const auto start = std::chrono::steady_clock::now();
+  const Clock::time_point start = timed ? Clock::now() : Clock::time_point{};
   {
     Waiter w(&state);
     cpu::runRecursiveDoubling(op, r, n, rdLinks_, tree, &w);
   }
   if (timed && pairWay_ == kPairTimed && state.status().ok()) {
-    const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - start;
-    gatherTuner_.record(bucket, rdLinks_.gatherByAddress ? 0 : 1, took.count());
-    traceLeaning(gatherTuner_, bucket, "doubling all-gather stages", "by address",
-                 "through the slots");
+    recordRun(gatherTuner_, bucket, rdLinks_.gatherByAddress ? 0 : 1, start,
+              "doubling all-gather stages", "by address", "through the slots");
   }
   return state.status();
 }

@@ -5,6 +5,7 @@
 // sends and receives completes whatever order the ranks issued them in.
 #pragma once
 
+#include <chrono>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -63,9 +64,12 @@ class Engine {
   // doubling (way 0) or the ring (1), as rank 0's recent runs of each took (it tells the
   // others: cpu::passWay).
   TwoWayTuner algoTuner_;
-  // After a tuner's record(): a TUNING trace line when its leaning for the size class changed.
-  void traceLeaning(TwoWayTuner& t, int bucket, const char* what, const char* way0,
-                    const char* way1);
+  using Clock = std::chrono::steady_clock;
+  // A timed run of `way` (begun at `start`) succeeded: records its time in t, and writes a
+  // TUNING trace line when the size class's leaning turns. recordAlgoRun: algoTuner_'s.
+  void recordRun(TwoWayTuner& t, int bucket, int way, Clock::time_point start, const char* what,
+                 const char* way0, const char* way1);
+  void recordAlgoRun(int bucket, int way, Clock::time_point start);
   Status runP2p(const std::vector<const CollArgs*>& ops);
 
   Comm& comm_;

@@ -13,6 +13,14 @@
 
 namespace tutti::cpu {
 
+// Fails the operation for ranks that disagree on it: what this rank found, the operation, and
+// what to check.
+inline void failMismatch(Waiter* w, const std::string& what) {
+  w->fail(invalidUsage(what + " (" + w->op()->what() +
+                       "): do all ranks call the same collectives with the same count, "
+                       "datatype and root?"));
+}
+
 template <typename T, typename Fn>
 class HostPrims {
  public:
@@ -216,28 +224,21 @@ class HostPrims {
     const uint64_t got = word & transport::kSizeMask;
     if (got == uint64_t(n) * sizeof(T) && expectLast_ >= 0 &&
         ((word & transport::kLastSlot) != 0) != (expectLast_ == 1)) {
-      w_->fail(invalidUsage("rank " + std::to_string(f.peer) +
-                            (expectLast_ ? " sent more" : " ended") + " where this rank expected " +
-                            (expectLast_ ? "the last chunk" : "more") + " (" + w_->op()->what() +
-                            "): do all ranks call the same collectives with the same count, "
-                            "datatype and root?"));
+      failMismatch(w_, "rank " + std::to_string(f.peer) + (expectLast_ ? " sent more" : " ended") +
+                           " where this rank expected " +
+                           (expectLast_ ? "the last chunk" : "more"));
       return nullptr;
     }
     if (((word & transport::kWaySlot) != 0) != expectWay_) {
-      w_->fail(invalidUsage("rank " + std::to_string(f.peer) + " sent " +
-                            (expectWay_ ? "data" : "the way of an operation") +
-                            " where this rank expected " + (expectWay_ ? "the way" : "data") +
-                            " (" + w_->op()->what() +
-                            "): do all ranks call the same collectives with the same count, "
-                            "datatype and root?"));
+      failMismatch(w_, "rank " + std::to_string(f.peer) + " sent " +
+                           (expectWay_ ? "data" : "the way of an operation") +
+                           " where this rank expected " + (expectWay_ ? "the way" : "data"));
       return nullptr;
     }
     if (got != uint64_t(n) * sizeof(T)) {
-      w_->fail(invalidUsage("rank " + std::to_string(f.peer) + " sent a slot of " +
-                            std::to_string(got) + " bytes where this rank expected " +
-                            std::to_string(uint64_t(n) * sizeof(T)) + " (" + w_->op()->what() +
-                            "): do all ranks call the same collectives with the same count, "
-                            "datatype and root?"));
+      failMismatch(w_, "rank " + std::to_string(f.peer) + " sent a slot of " + std::to_string(got) +
+                           " bytes where this rank expected " +
+                           std::to_string(uint64_t(n) * sizeof(T)));
       return nullptr;
     }
     landed_ = false;

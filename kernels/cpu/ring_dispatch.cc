@@ -426,9 +426,7 @@ int passWay(int root, size_t bytes, int rank, int n, transport::FifoView* prev,
                                  rank == root ? nullptr : prev, raw, raw, CopyOnly{}, w,
                                  /*directSend=*/false);
   auto usage = [&](const std::string& what) {
-    w->fail(invalidUsage("rank " + std::to_string(rank) + ": " + what + " (" + w->op()->what() +
-                         "): do all ranks call the same collectives with the same count, "
-                         "datatype and root?"));
+    failMismatch(w, "rank " + std::to_string(rank) + ": " + what);
   };
   if (rank != root) {
     const uint64_t word = p.peekWord();
