@@ -57,9 +57,11 @@ class HostPrims {
            sendInputDirect_ && sendTo_->conn->sendsByAddress(size_t(n) * sizeof(T));
   }
   // Receiver: waits for the next payload and says whether it came by address. False also when
-  // the operation failed (the next call fails too).
+  // the operation failed (the next call fails too), and at once where no payload can come by
+  // address (Connection::mayArriveByAddress).
   bool nextByAddress() {
     transport::FifoView& f = *recvFrom_;
+    if (!f.conn || !f.conn->mayArriveByAddress()) return false;
     return untilPosted() &&
            f.ctrl->src[f.step % transport::kSteps].load(std::memory_order_relaxed) != 0;
   }
@@ -248,6 +250,7 @@ class HostPrims {
         w_->failAt(f, Waiter::Dir::kRecv, s);
         return nullptr;
       }
+      if (dst && !landed_) ++f.conn->landedInSlot;
       // Pieces the sender took are still on their way.
       if (!f.conn->landed(f.step) &&
           !w_->until([&] { return f.conn->landed(f.step); }, f, Waiter::Dir::kRecv)) {

@@ -3,6 +3,7 @@
 // (by address, or by timing: TwoWayTuner), and broadcasts by the machine's state. Ranks are
 // threads of this process; every test also checks that a count mismatch fails at once.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <string>
@@ -454,5 +455,62 @@ TEST(PairByAddress, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails)
       for (auto& c : cs) ncclCommAbort(c);
     }
     destroyAll(comms);
+  }
+}
+
+// Over tcp no payload comes by address, so the doubling all-gather of ranks crowded on fewer
+// cores (which sends by address where a link can) must not look at a payload before it says
+// where it wants it: the socket's bytes then land in the output, none in a slot to be copied
+// out again (Connection::landedInSlot). 8 ranks on one CPU, small slots so that each stage
+// takes several chunks, the last one short; in place and not, exact.
+TEST(TcpDoubling, CrowdedAllGatherStagesLandInTheOutput) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "1");
+  ScopedEnv buff("NCCL_BUFFSIZE", "262144");  // 32 KiB slots, and steps
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  int cpu = 0;
+  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &all)) ++cpu;
+  const int n = 8;
+  const ncclUniqueId id = makeId();
+  std::vector<ncclComm_t> comms(n, nullptr);
+  std::vector<uint64_t> inSlot(n, 0), steps(n, 0);
+  auto value = [](size_t i, int r, int op) { return uint8_t(i * 29 + size_t(r) * 11 + op); };
+  onThreads(n, [&](int r) {
+    cpu_set_t one;  // the rank records this as its CPUs: 8 ranks on 1, crowded
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+    ASSERT_EQ(ncclCommInitRank(&comms[size_t(r)], n, id, r), ncclSuccess);
+    ncclComm_t c = comms[size_t(r)];
+    for (int op = 0; op < 4; ++op) {
+      const size_t count = (100 << 10) + 3;
+      const bool inPlace = op % 2 == 1;
+      std::vector<uint8_t> send(count), recv(size_t(n) * count, 0);
+      for (size_t i = 0; i < count; ++i) send[i] = value(i, r, op);
+      if (inPlace) std::copy(send.begin(), send.end(), recv.begin() + size_t(r) * count);
+      const void* from = inPlace ? recv.data() + size_t(r) * count : send.data();
+      ASSERT_EQ(ncclAllGather(from, recv.data(), count, ncclUint8, c, nullptr), ncclSuccess)
+          << ncclGetLastError(c);
+      for (int q = 0; q < n; ++q) {
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(recv[size_t(q) * count + i], value(i, q, op))
+              << "rank " << r << " op " << op << " block " << q << " at " << i;
+        }
+      }
+    }
+    tutti::Links& links = reinterpret_cast<tutti::Comm*>(c)->links();
+    for (int k = 0; k < 3; ++k) {  // doubling's partners
+      const tutti::transport::FifoView* f = links.recv(r ^ (1 << k), 0);
+      ASSERT_NE(f, nullptr) << "rank " << r << " stage " << k;
+      steps[size_t(r)] += f->step;
+      inSlot[size_t(r)] += f->conn->landedInSlot;
+    }
+  });
+  destroyAll(comms);
+  for (int r = 0; r < n; ++r) {
+    // Stages of 1, 2 and 4 blocks of 100 KiB + 3 in 32 KiB chunks: 4 + 7 + 13 steps, 4 times.
+    EXPECT_EQ(steps[size_t(r)], 96u) << "rank " << r;
+    EXPECT_EQ(inSlot[size_t(r)], 0u) << "rank " << r;
   }
 }
