@@ -166,7 +166,8 @@ class Connection {
   uint32_t unseenMisses = 0;
   uint32_t unseenRest = 0;
   // Receiver: payloads the engine asked for in its own buffer that landed in the slot instead
-  // and were copied out (shm: those sent through the slots; tcp: none while the engine says
+  // and were copied out (shm: those at or above the direct minimum that were sent through the
+  // slots; tcp: none while the engine says
   // where it wants each step before it waits for it). Diagnostics and tests; touched only by
   // the thread that receives on this connection.
   uint64_t landedInSlot = 0;
@@ -179,7 +180,8 @@ class Connection {
     return false;
   }
   // Sender: whether a payload of `bytes` sent with a SendHow other than kAdaptive goes by
-  // address for certain (then it need not fit a slot).
+  // address for certain (then it need not fit a slot). A transport that says yes must say yes
+  // to mayArriveByAddress at the receiving end, or its receivers expect slot-sized chunks.
   virtual bool sendsByAddress(size_t bytes) const {
     (void)bytes;
     return false;

@@ -243,7 +243,8 @@ size_t chunkToSend(const HostPrims<uint8_t, CopyOnly>& p, size_t left, size_t sl
 // the same memory) and receives [recvAt, +recvLen) of its output, a send and a receive in
 // turn so that two partners never both wait to send. Sends go in chunks of up to `big` where
 // the link sends them by address for certain, of `slot` otherwise; the receiver tells which
-// from each payload (big == slot: every chunk a slot, nothing to tell).
+// from each payload where one may come by address (Connection::mayArriveByAddress: shm;
+// elsewhere, and where big == slot, every chunk is a slot, nothing to tell).
 void exchangeChunks(HostPrims<uint8_t, CopyOnly>& p, size_t sendIn, size_t sendOut, size_t sendLen,
                     size_t recvAt, size_t recvLen, size_t slot, size_t big, Waiter* w) {
   size_t sent = 0, got = 0;
@@ -380,9 +381,9 @@ void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int n, const F
   uint8_t* out = static_cast<uint8_t*>(op.recv);
   const size_t slot = std::max<size_t>(1, links.chunkBytes);
   const size_t big = std::max(slot, kAddressChunkBytes);
-  // Each payload is as big as a slot, or (sent by address) up to `big`: the receiver tells
-  // which from the payload itself and expects exactly that size, so ranks that disagree on
-  // the count still fail on the size.
+  // Each payload is as big as a slot, or (sent by address, shm) up to `big`: the receiver
+  // tells which from the payload itself and expects exactly that size, so ranks that disagree
+  // on the count still fail on the size.
   if (rank != op.root) {
     HostPrims<uint8_t, CopyOnly> p(nullptr, links.recv[size_t(op.root)], out, out, CopyOnly{}, w);
     exchangeChunks(p, 0, 0, 0, 0, bytes, slot, big, w);

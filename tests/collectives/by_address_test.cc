@@ -465,7 +465,8 @@ TEST(PairByAddress, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails)
 // takes several chunks, the last one short; in place and not, exact.
 TEST(TcpDoubling, CrowdedAllGatherStagesLandInTheOutput) {
   ScopedEnv shm("NCCL_SHM_DISABLE", "1");
-  ScopedEnv buff("NCCL_BUFFSIZE", "262144");  // 32 KiB slots, and steps
+  ScopedEnv buff("NCCL_BUFFSIZE", "262144");      // 32 KiB slots, and steps
+  ScopedEnv direct("TUTTI_TCP_DIRECT", nullptr);  // =0 would land nothing anywhere
   ScopedEnv timeout("TUTTI_TIMEOUT", "20");
   cpu_set_t all;
   ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
