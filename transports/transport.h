@@ -167,9 +167,8 @@ class Connection {
   uint32_t unseenRest = 0;
   // Receiver: payloads the engine asked for in its own buffer that landed in the slot instead
   // and were copied out (shm: those at or above the direct minimum that were sent through the
-  // slots; tcp: none while the engine says
-  // where it wants each step before it waits for it). Diagnostics and tests; touched only by
-  // the thread that receives on this connection.
+  // slots; tcp: none while the engine says where it wants each step before it waits for it).
+  // Diagnostics and tests; touched only by the thread that receives on this connection.
   uint64_t landedInSlot = 0;
   // Sender: the payload of `step` (not yet published) is `bytes` at `src`. Returns false when
   // the transport copied it into the slot now; true when it keeps using src, which must then
@@ -180,17 +179,13 @@ class Connection {
     return false;
   }
   // Sender: whether a payload of `bytes` sent with a SendHow other than kAdaptive goes by
-  // address for certain (then it need not fit a slot). A transport that says yes must say yes
-  // to mayArriveByAddress at the receiving end, or its receivers expect slot-sized chunks.
+  // address for certain (then it need not fit a slot). Only where both sides share the
+  // FifoCtrl (sharedCtrl): receivers learn of such a payload from FifoCtrl::src
+  // (HostPrims::nextByAddress), and expect slot-sized chunks elsewhere.
   virtual bool sendsByAddress(size_t bytes) const {
     (void)bytes;
     return false;
   }
-  // Receiver: whether the peer may send payloads by address (shm single copy), so that the
-  // engine has a reason to look at the next payload (HostPrims::nextByAddress) before it says
-  // where it wants it (recvInto). tcp: never, and looking first would have the socket's bytes
-  // land in the slot, to be copied out again, instead of in their destination.
-  virtual bool mayArriveByAddress() const { return false; }
   // The smallest payload a direct transfer may carry; smaller ones go through the slots the
   // plain way (so engines need not take the direct paths for them).
   virtual size_t directMinBytes() const { return 0; }

@@ -58,10 +58,11 @@ class HostPrims {
   }
   // Receiver: waits for the next payload and says whether it came by address. False also when
   // the operation failed (the next call fails too), and at once where no payload can come by
-  // address (Connection::mayArriveByAddress).
+  // address: only a shared FifoCtrl carries the sender's src (shm). Over tcp, waiting here
+  // before recvInto would have the socket's bytes land in the slot, to be copied out again.
   bool nextByAddress() {
     transport::FifoView& f = *recvFrom_;
-    if (!f.conn || !f.conn->mayArriveByAddress()) return false;
+    if (!f.conn || !f.conn->sharedCtrl()) return false;
     return untilPosted() &&
            f.ctrl->src[f.step % transport::kSteps].load(std::memory_order_relaxed) != 0;
   }

@@ -243,7 +243,7 @@ size_t chunkToSend(const HostPrims<uint8_t, CopyOnly>& p, size_t left, size_t sl
 // the same memory) and receives [recvAt, +recvLen) of its output, a send and a receive in
 // turn so that two partners never both wait to send. Sends go in chunks of up to `big` where
 // the link sends them by address for certain, of `slot` otherwise; the receiver tells which
-// from each payload where one may come by address (Connection::mayArriveByAddress: shm;
+// from each payload where one may come by address (Connection::sharedCtrl: shm;
 // elsewhere, and where big == slot, every chunk is a slot, nothing to tell).
 void exchangeChunks(HostPrims<uint8_t, CopyOnly>& p, size_t sendIn, size_t sendOut, size_t sendLen,
                     size_t recvAt, size_t recvLen, size_t slot, size_t big, Waiter* w) {

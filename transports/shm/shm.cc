@@ -204,7 +204,6 @@ class ShmConnection : public Connection {
     direct_ = true;
   }
   bool sendsByAddress(size_t bytes) const override { return minBytes_ != 0 && bytes >= minBytes_; }
-  bool mayArriveByAddress() const override { return true; }
   size_t directMinBytes() const override {
     if (!owner_) return minBytes_;
     if (senderMin_ != 0) return senderMin_;
