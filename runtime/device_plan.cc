@@ -9,7 +9,7 @@
 namespace tutti::devplan {
 namespace {
 
-static_assert(dev::kSteps == transport::kSteps && dev::kLastSlot == transport::kLastSlot &&
+static_assert(dev::kSteps == transport::kSlots && dev::kLastSlot == transport::kLastSlot &&
                   dev::kSizeMask == transport::kSizeMask,
               "kernels and transports must agree on the FIFO");
 

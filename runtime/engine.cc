@@ -616,11 +616,11 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
     bool moved = false, pending = false;
     for (auto& [peer, q] : sends) {
       transport::FifoView& f = *comm_.links().send(peer, 0);
-      while (!q.empty() &&
-             f.ctrl->head.load(std::memory_order_acquire) + transport::kSteps > f.step) {
+      while (!q.empty()) {
         Item& it = q.front();
         size_t n = std::min(comm_.links().stepBytesFor(peer), it.bytes - it.done);
-        memcpy(f.slot(f.step), static_cast<const char*>(it.op->send) + it.done, n);
+        if (f.ctrl->head.load(std::memory_order_acquire) + f.window(n) <= f.step) break;
+        memcpy(f.payload(f.step, n), static_cast<const char*>(it.op->send) + it.done, n);
         it.done += n;
         f.ctrl->sizes[f.step % transport::kSteps].store(
             n | (it.done == it.bytes ? transport::kLastSlot : 0), std::memory_order_relaxed);
@@ -644,7 +644,7 @@ Status Engine::runP2p(const std::vector<const CollArgs*>& ops) {
                               std::to_string(it.done + n) + " bytes to a receive of " +
                               std::to_string(it.bytes) + " bytes (" + state.what() + ")");
         }
-        memcpy(static_cast<char*>(it.op->recv) + it.done, f.slot(f.step), n);
+        memcpy(static_cast<char*>(it.op->recv) + it.done, f.payload(f.step, n), n);
         it.done += n;
         transport::postHead(f);
         moved = true;

@@ -13,19 +13,19 @@ namespace {
 constexpr uint32_t kLinkTag = 0x4c000000u;
 constexpr uint32_t kDeviceLinkTag = 0x4d000000u;
 
-// NCCL_BUFFSIZE is the whole FIFO (kSteps slots), for every transport when it is set. By
-// default shared memory uses 1 MiB, not NCCL's 4 MiB: its slots are copied by CPU cores, for
-// which smaller pieces pipeline better. The network's slots hold 2 MiB (16 MiB in all) but
-// steps carry at most 512 KiB (NCCL's 4 MiB / 8), except a two-rank broadcast's: its bytes
-// go straight between sockets and user buffers, and fewer, bigger steps cost fewer system
+// NCCL_BUFFSIZE is a FIFO's slots (kSlots of them; shm adds cells of an eighth of that), for every
+// transport when it is set. By default shared memory uses 1 MiB, not NCCL's 4 MiB: its slots are
+// copied by CPU cores, for which smaller pieces pipeline better. The network's slots hold 2 MiB (16
+// MiB in all) but steps carry at most 512 KiB (NCCL's 4 MiB / 8), except a two-rank broadcast's:
+// its bytes go straight between sockets and user buffers, and fewer, bigger steps cost fewer system
 // calls and wake-ups. Loopback tcp, 1 / 2 / 4 MiB, medians of 8 interleaved runs: 160 / 323 /
 // 766 us with 2 MiB steps, 214 / 440 / 863 us with 512 KiB ones (Open MPI: 189 / 372 / 775).
 // Bigger steps made the all-reduce slower (2 MiB: about 700 us with 1 MiB steps against 570
 // with 512 KiB ones), hence the cap. Untouched slot space costs address space, not memory.
 size_t slotBytesFromEnv(int64_t fallback) {
   int64_t buff = env::getInt("NCCL_BUFFSIZE", fallback);
-  buff = std::clamp<int64_t>(buff, transport::kSteps * 64, int64_t(1) << 32);
-  return static_cast<size_t>(buff / transport::kSteps) / 64 * 64;
+  buff = std::clamp<int64_t>(buff, transport::kSlots * 64, int64_t(1) << 32);
+  return static_cast<size_t>(buff / transport::kSlots) / 64 * 64;
 }
 
 }  // namespace
@@ -39,7 +39,14 @@ Links::Links(Comm& comm, Kind kind)
       netStepBytes_(env::getString("NCCL_BUFFSIZE") ? netSlotBytes_
                                                     : std::min<size_t>(netSlotBytes_, 512 << 10)),
       shmDisabled_(env::getBool("NCCL_SHM_DISABLE", false)),
-      netName_(env::getString("NCCL_NET").value_or("Socket")) {}
+      netName_(env::getString("NCCL_NET").value_or("Socket")) {
+  // Every operation asks (a loop over the ranks each time was 4% of 8 crowded ranks' time on
+  // 64 B broadcasts); the peer table does not change after init.
+  ringSlotBytes_ = ringMin(netSlotBytes_);
+  ringStepBytes_ = ringMin(netStepBytes_);
+  const int n = comm_.nranks();
+  for (int r = 0; r < n && n > 1; ++r) ringUsesNet_ |= netBetween(r, (r + 1) % n);
+}
 
 Links::~Links() {
   // After an abort nothing is owed to anyone; otherwise the last sends must reach the wire.
@@ -72,16 +79,11 @@ size_t Links::ringMin(size_t net) const {
   return s;
 }
 
-size_t Links::ringSlotBytes() const { return ringMin(netSlotBytes_); }
+size_t Links::ringSlotBytes() const { return ringSlotBytes_; }
 size_t Links::stepBytesFor(int peer) const { return usesNet(peer) ? netStepBytes_ : slotBytes_; }
-size_t Links::ringStepBytes() const { return ringMin(netStepBytes_); }
+size_t Links::ringStepBytes() const { return ringStepBytes_; }
 
-bool Links::ringUsesNet() const {
-  const int n = comm_.nranks();
-  for (int r = 0; r < n && n > 1; ++r)
-    if (netBetween(r, (r + 1) % n)) return true;
-  return false;
-}
+bool Links::ringUsesNet() const { return ringUsesNet_; }
 
 Result<transport::Transport*> Links::transportFor(int peer) {
   const PeerInfo& me = comm_.peers()[static_cast<size_t>(comm_.rank())];

@@ -70,6 +70,8 @@ class Links {
   Kind kind_;
   size_t slotBytes_, netSlotBytes_, netStepBytes_;
   bool shmDisabled_;
+  size_t ringSlotBytes_ = 0, ringStepBytes_ = 0;  // ringMin of the net figures, set at once
+  bool ringUsesNet_ = false;
   std::string netName_;
   std::unique_ptr<transport::Transport> shm_, net_, p2p_;
   std::mutex mu_;

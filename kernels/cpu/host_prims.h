@@ -77,7 +77,7 @@ class HostPrims {
 
   void send(size_t inOff, int n) {
     if (sendInputDirect_ && big(n, sendMin_)) return postDirect(in_ + inOff, n);
-    T* s = acquireSend();
+    T* s = acquireSend(n);
     if (!s) return;
     fn_.preCopy(s, in_ + inOff, size_t(n));
     postSend(n);
@@ -90,7 +90,7 @@ class HostPrims {
   }
   void recvReduceSend(size_t inOff, int n) {
     const T* r = acquireRecv(n);
-    T* s = r ? acquireSend() : nullptr;
+    T* s = r ? acquireSend(n) : nullptr;
     if (!s) return;
     fn_.reduce(s, r, in_ + inOff, size_t(n), false);
     postSend(n);
@@ -102,14 +102,14 @@ class HostPrims {
       // Into the output (straight from the socket where possible), then on from there.
       recv(outOff, n);
       if (sendDirect) return postDirect(out_ + outOff, n);
-      T* s = acquireSend();
+      T* s = acquireSend(n);
       if (!s) return;
       memcpy(s, out_ + outOff, size_t(n) * sizeof(T));
       postSend(n);
       return;
     }
     const T* r = acquireRecv(n);
-    T* s = r ? acquireSend() : nullptr;
+    T* s = r ? acquireSend(n) : nullptr;
     if (!s) return;
     memcpy(out_ + outOff, r, size_t(n) * sizeof(T));
     memcpy(s, r, size_t(n) * sizeof(T));
@@ -122,7 +122,7 @@ class HostPrims {
       return postDirect(out_ + outOff, n);
     }
     const T* r = acquireRecv(n);
-    T* s = r ? acquireSend() : nullptr;
+    T* s = r ? acquireSend(n) : nullptr;
     if (!s) return;
     fn_.reduce(out_ + outOff, r, in_ + inOff, size_t(n), true);
     memcpy(s, out_ + outOff, size_t(n) * sizeof(T));
@@ -138,7 +138,7 @@ class HostPrims {
       }
       return;
     }
-    T* s = acquireSend();
+    T* s = acquireSend(n);
     if (!s) return;
     memcpy(s, in_ + inOff, size_t(n) * sizeof(T));
     if (out_ + outOff != in_ + inOff) memcpy(out_ + outOff, in_ + inOff, size_t(n) * sizeof(T));
@@ -171,7 +171,7 @@ class HostPrims {
   static bool big(int n, size_t minBytes) { return size_t(n) * sizeof(T) >= minBytes; }
 
   void postDirect(const T* src, int n) {
-    if (!acquireSend()) return;
+    if (!acquireSend(n)) return;
     sentDirect_ |= sendTo_->conn->sendFrom(sendTo_->step, src, size_t(n) * sizeof(T), how_);
     postSend(n);
   }
@@ -197,18 +197,21 @@ class HostPrims {
                      Waiter::Dir::kRecv);
   }
 
-  T* acquireSend() {
+  // Sender: waits for room for a payload of n elements and returns where to write it.
+  T* acquireSend(int n) {
     transport::FifoView& f = *sendTo_;
+    const size_t bytes = size_t(n) * sizeof(T);
+    const uint64_t window = f.window(bytes);
     // Free while the head last read says so: head's line then stays with the receiver, which
     // writes it every step, instead of crossing to this CPU and back each time.
-    if (f.headSeen + transport::kSteps > f.step && !w_->failed()) {
-      return reinterpret_cast<T*>(f.slot(f.step));
+    if (f.headSeen + window > f.step && !w_->failed()) {
+      return reinterpret_cast<T*>(f.payload(f.step, bytes));
     }
     bool ok = untilSent([&] {
       f.headSeen = f.ctrl->head.load(std::memory_order_acquire);
-      return f.headSeen + transport::kSteps > f.step;
+      return f.headSeen + window > f.step;
     });
-    return ok ? reinterpret_cast<T*>(f.slot(f.step)) : nullptr;
+    return ok ? reinterpret_cast<T*>(f.payload(f.step, bytes)) : nullptr;
   }
   void postSend(int n) {
     transport::FifoView& f = *sendTo_;
@@ -258,7 +261,7 @@ class HostPrims {
         return nullptr;
       }
     }
-    return reinterpret_cast<const T*>(f.slot(f.step));
+    return reinterpret_cast<const T*>(f.payload(f.step, got));
   }
   void releaseRecv() {
     transport::FifoView& f = *recvFrom_;

@@ -399,7 +399,7 @@ void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int n, const F
     to.back().preferAddress();
   }
   // A chunk at a time to every rank: each receiver starts on its first at once, and the root
-  // blocks (helping) only once a receiver has kSteps chunks outstanding.
+  // blocks (helping) only once a receiver has a FIFO window of chunks outstanding.
   for (bool more = bytes > 0; more && !w->failed();) {
     more = false;
     for (size_t d = 0; d < to.size(); ++d) {

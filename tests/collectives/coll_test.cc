@@ -5,10 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/matrix.h"
@@ -292,7 +295,8 @@ bool pageMapped(const void* addr) {
 // Every slot's first page is mapped on both ends when a connection is made, before any
 // operation touches it: a first touch in the middle of an operation costs a page fault (8
 // ranks on 2 cores over shm: the first 8 small all-reduces took 100-450 us, later ones 20).
-// One 8-byte all-reduce uses one slot per FIFO; all 8 must be mapped.
+// One 8-byte all-reduce uses one slot (tcp) or cell (shm) per FIFO; every slot's first page
+// and every cell must be mapped.
 TEST(Fifos, EverySlotsFirstPageIsMappedWhenTheConnectionIsMade) {
   for (const char* disable : {"0", "1"}) {
     SCOPED_TRACE(std::string("NCCL_SHM_DISABLE=") + disable);
@@ -307,14 +311,77 @@ TEST(Fifos, EverySlotsFirstPageIsMappedWhenTheConnectionIsMade) {
       for (const tutti::transport::FifoView* f :
            {c->links().send(1 - r, 0), c->links().recv(1 - r, 0)}) {
         ASSERT_NE(f, nullptr);
-        for (uint64_t k = 0; k < tutti::transport::kSteps; ++k) {
+        for (uint64_t k = 0; k < tutti::transport::kSlots; ++k) {
           EXPECT_TRUE(pageMapped(f->slot(k)))
               << "rank " << r << ", peer " << f->peer << ", slot " << k;
+        }
+        EXPECT_EQ(f->cells != nullptr, std::string(disable) == "0");
+        for (uint64_t k = 0; f->cells && k < tutti::transport::kSteps; ++k) {
+          EXPECT_EQ(f->payload(k, 8), f->cells + k * f->cellBytes);
+          EXPECT_TRUE(pageMapped(f->payload(k, 8)))
+              << "rank " << r << ", peer " << f->peer << ", cell " << k;
+          EXPECT_TRUE(pageMapped(f->payload(k, 8) + f->cellBytes - 1))
+              << "rank " << r << ", peer " << f->peer << ", cell " << k << "'s end";
         }
       }
     }
     destroyAll(comms);
   }
+}
+
+// Over shm a payload that fits a cell (2 KiB with the default buffers) goes there, and such
+// steps run up to kSteps (64) ahead of the receiver; bigger ones, in slots, up to kSlots (8).
+// Rank 0 sends more messages than that while rank 1 holds off: exactly the window's worth
+// complete, and once rank 1 receives, every message arrives intact (no cell or slot reused
+// before its step was consumed).
+TEST(Fifos, SmallStepsRunAsFarAheadAsTheCellsAllowBigOnesAsTheSlots) {
+  namespace tr = tutti::transport;
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
+  std::vector<ncclComm_t> comms = initThreads(2);
+  onThreads(2, [&](int r) {  // connects the links both ways
+    uint8_t a = 1, b = 0;
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    ASSERT_EQ(ncclSend(&a, 1, ncclUint8, 1 - r, comms[size_t(r)], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclRecv(&b, 1, ncclUint8, 1 - r, comms[size_t(r)], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  });
+  const tr::FifoView* f = reinterpret_cast<tutti::Comm*>(comms[0])->links().send(1, 0);
+  ASSERT_NE(f, nullptr);
+  ASSERT_STREQ(f->conn->transportName(), "shm");
+  ASSERT_EQ(f->cellBytes, 2048u);
+  auto value = [](size_t i, int msg) { return uint8_t(i * 131 + size_t(msg) * 7 + 3); };
+  for (size_t bytes : {size_t(64), size_t(2048), size_t(2112), size_t(8192)}) {
+    SCOPED_TRACE(std::to_string(bytes) + " bytes per message");
+    const int ahead = bytes <= f->cellBytes ? tr::kSteps : tr::kSlots;
+    const int total = ahead + 8;
+    std::atomic<int> sent{0};
+    onThreads(2, [&](int r) {
+      ncclComm_t c = comms[size_t(r)];
+      if (r == 0) {
+        for (int m = 0; m < total; ++m) {
+          std::vector<uint8_t> msg(bytes);  // gone once the call returns: copied, not lent
+          for (size_t i = 0; i < bytes; ++i) msg[i] = value(i, m);
+          ASSERT_EQ(ncclSend(msg.data(), bytes, ncclUint8, 1, c, nullptr), ncclSuccess);
+          sent.fetch_add(1);
+        }
+        return;
+      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (sent.load() < ahead && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      EXPECT_EQ(sent.load(), ahead) << "messages sent before the receiver took any";
+      for (int m = 0; m < total; ++m) {
+        std::vector<uint8_t> got(bytes, 0);
+        ASSERT_EQ(ncclRecv(got.data(), bytes, ncclUint8, 0, c, nullptr), ncclSuccess);
+        for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(got[i], value(i, m)) << "message " << m;
+      }
+    });
+    EXPECT_EQ(sent.load(), total);
+  }
+  destroyAll(comms);
 }
 
 // shm single copy by default is adaptive: big payloads go through slots while copying into a
@@ -342,7 +409,7 @@ TEST(SingleCopy, AdaptiveSendsByAddressOnceSlotCopiesRunSlow) {
     onThreads(2, [&](int r) {
       const size_t count = 1 << 18;  // 1 MiB of float per rank: many 4 KiB+ steps
       // Rounds enough for 8 timed copies over slots each touched before, wherever the
-      // all-reduce's timed sends fall among the kSteps slots (the all-gather and broadcast
+      // all-reduce's timed sends fall among the kSlots slots (the all-gather and broadcast
       // before it take one step per round each way, sent by address).
       for (int round = 0; round < 5; ++round) {
         std::vector<float> in(count), gathered(2 * count), bcast(count), sum(count);

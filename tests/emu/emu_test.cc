@@ -47,7 +47,7 @@ struct EmuFifo {
   transport::FifoView send, recv;
   EmuFifo(int from, int to, int channel) {
     const size_t bytes =
-        sizeof(transport::FifoCtrl) + transport::kSteps * (kSlotBytes + kLlSlotBytes);
+        sizeof(transport::FifoCtrl) + transport::kSlots * (kSlotBytes + kLlSlotBytes);
     mem = static_cast<char*>(aligned_alloc(64, bytes));
     memset(mem, 0, bytes);
     auto* ctrl = new (mem) transport::FifoCtrl();
@@ -58,7 +58,7 @@ struct EmuFifo {
       v->ctrl = ctrl;
       v->slots = mem + sizeof(transport::FifoCtrl);
       v->slotBytes = kSlotBytes;
-      v->ll = v->slots + transport::kSteps * kSlotBytes;
+      v->ll = v->slots + transport::kSlots * kSlotBytes;
       v->llSlotBytes = kLlSlotBytes;
       v->channel = channel;
     }
@@ -227,7 +227,7 @@ class EmuMatrix : public ::testing::TestWithParam<EmuSetup> {};
 TEST_P(EmuMatrix, DeviceKernelsOnTheCpuMatchTheOracle) {
   const EmuSetup s = GetParam();
   EmuComm comm(s.nranks, s.proto);
-  const std::vector<Case> cases = matrixCases(s.nranks, kSlotBytes * transport::kSteps);
+  const std::vector<Case> cases = matrixCases(s.nranks, kSlotBytes * transport::kSlots);
   std::mutex mu;
   std::vector<std::string> failures;
   onThreads(s.nranks, [&](int r) {

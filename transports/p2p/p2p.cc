@@ -43,7 +43,7 @@ struct P2pDesc {
 static_assert(sizeof(P2pDesc) <= sizeof(Descriptor));
 
 size_t fifoBytes(size_t slotBytes, size_t llSlotBytes) {
-  return sizeof(FifoCtrl) + kSteps * (slotBytes + llSlotBytes);
+  return sizeof(FifoCtrl) + kSlots * (slotBytes + llSlotBytes);
 }
 
 Status cudaFailed(const std::string& what, cudaError_t e) {
@@ -78,7 +78,7 @@ class P2pConnection : public Connection {
     fifo_.ctrl = reinterpret_cast<FifoCtrl*>(m_.dev);
     fifo_.slots = m_.dev + sizeof(FifoCtrl);
     fifo_.slotBytes = spec.slotBytes;
-    fifo_.ll = fifo_.slots + kSteps * spec.slotBytes;
+    fifo_.ll = fifo_.slots + kSlots * spec.slotBytes;
     fifo_.llSlotBytes = llSlotBytes;
     fifo_.peer = spec.peer;
     fifo_.channel = spec.channel;

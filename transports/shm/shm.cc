@@ -1,4 +1,5 @@
-// shm: ranks on one host. The receiver creates the FIFO (control block + kSteps slots) in a
+// shm: ranks on one host. The receiver creates the FIFO (control block, kSlots slots, kSteps
+// cells for small payloads: transport.h) in a
 // POSIX shared-memory segment, mode 0600, and sends its name; the sender maps it and unlinks
 // it at once, so from then on nothing is left in /dev/shm even if both processes crash. The
 // receiver unlinks it too when it is freed, in case the sender never came.
@@ -123,7 +124,15 @@ inline size_t pieceBytes(size_t n, bool twoRanks) {
 }
 inline uint32_t pieceCount(size_t n, size_t piece) { return uint32_t((n + piece - 1) / piece); }
 
-size_t segmentBytes(size_t slotBytes) { return kHeader + kSteps * slotBytes; }
+size_t segmentBytes(size_t slotBytes) {
+  return kHeader + kSlots * slotBytes + kSteps * cellBytesFor(slotBytes);
+}
+// The first page of every slot, and the cells (transport.h: prefaultSlots).
+void prefault(void* base, size_t slotBytes) {
+  char* slots = static_cast<char*>(base) + kHeader;
+  const size_t cellBytes = cellBytesFor(slotBytes);
+  prefaultSlots(slots, slotBytes, cellBytes ? slots + kSlots * slotBytes : nullptr, cellBytes);
+}
 
 class ShmConnection : public Connection {
  public:
@@ -141,6 +150,8 @@ class ShmConnection : public Connection {
     help_ = reinterpret_cast<ShmHelp*>(static_cast<char*>(base) + sizeof(FifoCtrl));
     fifo_.slots = static_cast<char*>(base) + kHeader;
     fifo_.slotBytes = spec.slotBytes;
+    fifo_.cellBytes = cellBytesFor(spec.slotBytes);
+    if (fifo_.cellBytes) fifo_.cells = fifo_.slots + kSlots * spec.slotBytes;
     fifo_.peer = spec.peer;
     fifo_.channel = spec.channel;
     fifo_.conn = this;
@@ -252,13 +263,14 @@ class ShmConnection : public Connection {
       if (big && how == SendHow::kAdaptive) {  // time the copy: it says the machine's state
         timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
-        memcpy(fifo_.slot(step), src, bytes);
+        memcpy(fifo_.payload(step, bytes), src, bytes);
         clock_gettime(CLOCK_MONOTONIC, &b);
         const double ns = double(b.tv_sec - a.tv_sec) * 1e9 + double(b.tv_nsec - a.tv_nsec);
         // A slot's pages fault on their first touch: only a copy over pages this slot has
         // held before says anything about the machine.
-        const bool seen = bytes <= touched_[k];
-        touched_[k] = std::max(touched_[k], bytes);
+        size_t& touched = touched_[step % kSlots];
+        const bool seen = bytes <= touched;
+        touched = std::max(touched, bytes);
         if (seen) {
           rates_[nRates_++] = double(bytes) / std::max(ns, 1.0);
           if (nRates_ == kWindow) {
@@ -268,7 +280,7 @@ class ShmConnection : public Connection {
           }
         }
       } else {
-        memcpy(fifo_.slot(step), src, bytes);
+        memcpy(fifo_.payload(step, bytes), src, bytes);
       }
       fifo_.ctrl->src[k].store(0, std::memory_order_relaxed);
       return false;
@@ -331,7 +343,7 @@ class ShmConnection : public Connection {
     if (posted_ == step + 1) return;  // posted already (a failed operation's later calls)
     const size_t k = step % kSteps;
     help_->done[k].store(0, std::memory_order_relaxed);
-    help_->dst[k].store(reinterpret_cast<uint64_t>(dst_ ? dst_ : fifo_.slot(step)),
+    help_->dst[k].store(reinterpret_cast<uint64_t>(dst_ ? dst_ : fifo_.payload(step, bytes)),
                         std::memory_order_relaxed);
     help_->bytes[k].store(bytes, std::memory_order_relaxed);
     help_->claim[k].store((step + 1) << 8, std::memory_order_release);
@@ -351,7 +363,7 @@ class ShmConnection : public Connection {
     // ordinary way later (another primitive, send/recv) never touches src.
     fifo_.ctrl->src[step % kSteps].store(0, std::memory_order_relaxed);
     const size_t n = fifo_.ctrl->sizes[step % kSteps].load(std::memory_order_relaxed) & kSizeMask;
-    char* to = dst_ ? dst_ : fifo_.slot(step);
+    char* to = dst_ ? dst_ : fifo_.payload(step, n);
     *inDst = dst_ != nullptr;
     const size_t k = step % kSteps;
     if ((help_->claim[k].load(std::memory_order_acquire) >> 8) != step + 1) {
@@ -480,7 +492,7 @@ class ShmConnection : public Connection {
   double slowBytesPerNs_ = 5.0;
   double rates_[kWindow] = {};  // the last copies' rates, bytes per ns (adaptive)
   uint32_t nRates_ = 0;
-  size_t touched_[kSteps] = {};  // the most bytes each slot has held (adaptive)
+  size_t touched_[kSlots] = {};  // the most bytes each slot has held (adaptive)
   size_t minBytes_ = 0;
   char* dst_ = nullptr;
   void* base_;
@@ -534,7 +546,7 @@ class ShmTransport : public Transport {
       shm_unlink(d.name);
       return base.status();
     }
-    prefaultSlots(static_cast<char*>(base.value()) + kHeader, d.slotBytes);
+    prefault(base.value(), d.slotBytes);
     auto* ctrl = new (base.value()) FifoCtrl();
     ctrl->tail.store(0);
     ctrl->head.store(0);
@@ -585,7 +597,7 @@ class ShmTransport : public Transport {
       munmap(base.value(), d.bytes);
       return internalError(std::string("shm: segment ") + d.name + " is not a tutti FIFO");
     }
-    prefaultSlots(static_cast<char*>(base.value()) + kHeader, d.slotBytes);
+    prefault(base.value(), d.slotBytes);
     const PeerInfo& p = comm_.peers()[static_cast<size_t>(spec.peer)];
     auto conn = std::make_unique<ShmConnection>(spec, comm_.rank(), base.value(), d.bytes, d.name,
                                                 false, p.pid, checkPid(p));

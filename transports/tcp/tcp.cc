@@ -61,7 +61,7 @@ class TcpConnection : public Connection {
                 std::string peerName, bool peerOnThisMachine)
       : sending_(sending), peerName_(std::move(peerName)), wakeProxy_(std::move(wakeProxy)) {
     localPeerUnseen_ = peerOnThisMachine;
-    bytes_ = (sizeof(FifoCtrl) + kSteps * spec.slotBytes + 63) / 64 * 64;
+    bytes_ = (sizeof(FifoCtrl) + kSlots * spec.slotBytes + 63) / 64 * 64;
     mem_ = static_cast<char*>(aligned_alloc(64, bytes_));
     auto* ctrl = new (mem_) FifoCtrl();
     ctrl->tail.store(0);
@@ -258,7 +258,7 @@ class TcpConnection : public Connection {
   // the step it waits for is (recvInto), header and payload come in one recvmsg.
   bool progressRecv(SockState& s, size_t index) {
     bool moved = false;
-    while (!s.closed && s.next < fifo_.ctrl->head.load(std::memory_order_acquire) + kSteps) {
+    while (!s.closed && s.next < fifo_.ctrl->head.load(std::memory_order_acquire) + kSlots) {
       const bool expected = s.next == expStep_;
       iovec iov[2];
       int niov = 1;
