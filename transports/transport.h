@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -64,8 +65,8 @@ struct alignas(64) FifoCtrl {
   std::atomic<int32_t> receiverCpu;
   char pad1[52];
   std::atomic<uint64_t> sizes[kSteps];
-  // Single copy (shm): the address of a slot's payload in the sender's memory, or 0 when the
-  // payload is in the slot. Written before tail publishes the step.
+  // Single copy (shm): the address of a step's payload in the sender's memory, or 0 when the
+  // payload is in its slot or cell. Written before tail publishes the step.
   std::atomic<uint64_t> src[kSteps];
   // Set by either side when its communicator fails or aborts: the other stops waiting.
   std::atomic<uint32_t> broken;
@@ -105,11 +106,13 @@ inline int32_t noteCpu(std::atomic<int32_t>& field) {
 #endif
 
 // A FIFO's cells (FifoView::cells) for slots of slotBytes: kSteps of slotBytes / kSteps bytes
-// each (2 KiB at shm's default 128 KiB slots), the whole of them one slot's worth, so that a
-// FIFO with cells takes 9/8 of the memory it did without (/dev/shm is 64 MiB in a default
-// container). 0 (no cells) where that would be under a cache line.
+// each, at most kMaxCellBytes (2 KiB, reached at shm's default 128 KiB slots): at most 128 KiB
+// per FIFO, all of it committed when the link is made (prefaultSlots). 0 (no cells) where a
+// cell would be under a cache line. /dev/shm is 64 MiB in a default container; 8 ranks have
+// 56 flat links, whose cells take 7 MiB whatever NCCL_BUFFSIZE says.
+constexpr size_t kMaxCellBytes = 2048;
 inline size_t cellBytesFor(size_t slotBytes) {
-  const size_t c = slotBytes / kSteps / 64 * 64;
+  const size_t c = std::min(kMaxCellBytes, slotBytes / kSteps / 64 * 64);
   return c >= 64 ? c : 0;
 }
 
@@ -127,7 +130,11 @@ inline void prefaultSlots(char* slots, size_t slotBytes, char* cells = nullptr,
     const uintptr_t start = a & ~(page - 1);
     const uintptr_t end = (a + bytes + page - 1) & ~(page - 1);
     if (madvise(reinterpret_cast<void*>(start), end - start, MADV_POPULATE_WRITE) == 0) return;
-    for (uintptr_t p = start; p < end; p += page) {  // older kernels: touch each page
+    // Older kernels (EINVAL): touch each page. Not after other failures: on a full /dev/shm
+    // (EFAULT) a touch would raise SIGBUS; the pages then fault in when first used (and fail
+    // as they would have).
+    if (errno != EINVAL) return;
+    for (uintptr_t p = start; p < end; p += page) {
       volatile char* c = reinterpret_cast<volatile char*>(p);
       *c = *c;
     }

@@ -13,7 +13,7 @@ namespace tutti::dev {
 constexpr int kMaxChannels = 16;
 constexpr int kMaxOps = 16;
 constexpr int kThreads = 512;  // threads per block: they share each slot's work
-constexpr int kSteps = 8;      // slots per FIFO (transports/transport.h: kSteps)
+constexpr int kSteps = 8;      // slots per FIFO (transports/transport.h: kSlots)
 // A Simple slot's size word: the byte count, and a flag on a message's last slot
 // (transports/transport.h: kSizeMask, kLastSlot).
 constexpr uint64_t kSizeMask = (1ull << 40) - 1;

@@ -329,6 +329,17 @@ TEST(Fifos, EverySlotsFirstPageIsMappedWhenTheConnectionIsMade) {
   }
 }
 
+// Cells are a slot's 1/64, at most 2 KiB (they are committed when a link is made, whatever
+// NCCL_BUFFSIZE says), and none where one would be under a cache line.
+TEST(Fifos, CellsAreASlotsSixtyFourthUpTo2KiB) {
+  namespace tr = tutti::transport;
+  EXPECT_EQ(tr::cellBytesFor(128 << 10), 2048u);  // shm's default slot
+  EXPECT_EQ(tr::cellBytesFor(2 << 20), 2048u);    // NCCL_BUFFSIZE=16M
+  EXPECT_EQ(tr::cellBytesFor(32 << 10), 512u);    // NCCL_BUFFSIZE=256K
+  EXPECT_EQ(tr::cellBytesFor(64 * 64), 64u);
+  EXPECT_EQ(tr::cellBytesFor(64 * 64 - 64), 0u);
+}
+
 // Over shm a payload that fits a cell (2 KiB with the default buffers) goes there, and such
 // steps run up to kSteps (64) ahead of the receiver; bigger ones, in slots, up to kSlots (8).
 // Rank 0 sends more messages than that while rank 1 holds off: exactly the window's worth

@@ -52,7 +52,7 @@ constexpr bool kCopyThroughKernel = false;
 namespace tutti::transport {
 namespace {
 
-constexpr uint32_t kShmMagic = 0x73686d31;  // "shm1"
+constexpr uint32_t kShmMagic = 0x73686d32;  // "shm2": 64 size words and the cells
 
 // FifoCtrl::broken here: the reason in the low byte, an errno above it.
 constexpr uint32_t kBrokenLeft = 1;   // the peer's communicator failed or was aborted
@@ -74,17 +74,17 @@ const uint64_t kProbeValue = 0x7475747469434d41ull ^ uint64_t(getpid());
 static_assert(sizeof(ShmDesc) <= sizeof(Descriptor));
 
 // Single copy, shared by both sides after FifoCtrl: a big payload sent by address is copied in
-// pieces that either side may take. The receiver copies (process_vm_readv) from the first
-// piece on; a sender that would otherwise wait for a free slot or for the end of the operation
-// takes pieces too and writes them into the receiver's destination (process_vm_writev), so
-// that both CPUs copy instead of one while the other waits. Per slot: where the receiver wants
-// the payload (`dst`, in its address space), and `claim`: (step + 1) << 8 | pieces taken so
-// far, 0xff once closed. The receiver posts them, and the payload size it expects (`bytes`:
-// a sender whose payload differs never writes), when it starts waiting for the step
-// (recvInto); a side takes a piece with a compare-and-swap on claim, so a stale step never
-// matches. `done` counts the pieces copied; the receiver frees the slot only once all are,
-// and a receiver that leaves a step unfinished (a failed operation) closes the claim and waits
-// for the pieces in flight, so that no sender writes into its memory after it returned.
+// pieces that either side may take. The receiver copies (process_vm_readv) from the first piece on;
+// a sender that would otherwise wait for a free slot or for the end of the operation takes pieces
+// too and writes them into the receiver's destination (process_vm_writev), so that both CPUs copy
+// instead of one while the other waits. Per step (modulo kSteps, as the size words): where the
+// receiver wants the payload (`dst`, in its address space), and `claim`: (step + 1) << 8 | pieces
+// taken so far, 0xff once closed. The receiver posts them, and the payload size it expects
+// (`bytes`: a sender whose payload differs never writes), when it starts waiting for the step
+// (recvInto); a side takes a piece with a compare-and-swap on claim, so a stale step never matches.
+// `done` counts the pieces copied; the receiver frees the slot only once all are, and a receiver
+// that leaves a step unfinished (a failed operation) closes the claim and waits for the pieces in
+// flight, so that no sender writes into its memory after it returned.
 struct alignas(64) ShmHelp {
   std::atomic<uint64_t> dst[kSteps];
   std::atomic<uint64_t> bytes[kSteps];
@@ -252,7 +252,7 @@ class ShmConnection : public Connection {
   // row switched 64 MiB broadcasts to single copy, which took 12.6-14.9 ms there against
   // 6.4-7.3 through slots. 512 steps by address before trying the slots again, because the
   // first copies back into slots run fast (their lines have left the other cache) and a
-  // verdict takes about kSteps of them.
+  // verdict takes kWindow of them.
   static constexpr uint32_t kDirectSteps = 512;
   static constexpr uint32_t kWindow = 8;
   bool sendFrom(uint64_t step, const void* src, size_t bytes, SendHow how) override {

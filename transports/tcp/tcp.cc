@@ -359,7 +359,8 @@ class TcpConnection : public Connection {
   std::function<Status()> finisher_;
   std::function<void()> wakeProxy_;
   std::mutex ioMu_;  // engine thread or proxy: one of them moves this connection's bytes
-  // Direct transfers. Sender: per slot, the caller's buffer to send from (or null: the slot).
+  // Direct transfers. Sender: per step (modulo kSteps), the caller's buffer to send from (or
+  // null: the slot).
   // Receiver: the step the engine waits for, its length, where its payload should go (null:
   // the slot), and the last step that went to such a destination.
   const char* src_[kSteps];
