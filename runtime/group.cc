@@ -35,9 +35,9 @@ struct ThreadGroup {
 thread_local ThreadGroup* tGroupState = nullptr;
 thread_local bool tOwnerGone = false;  // tOwner was destroyed (the thread is exiting)
 struct GroupOwner {
-  bool armed = false;
+  ThreadGroup* owned = nullptr;
   ~GroupOwner() {
-    delete tGroupState;
+    delete owned;
     tGroupState = nullptr;
     tOwnerGone = true;
   }
@@ -46,10 +46,10 @@ thread_local GroupOwner tOwner;
 
 ThreadGroup& threadGroup() {
   if (ThreadGroup* g = tGroupState) return *g;
+  tGroupState = new ThreadGroup();
   // Its first use registers its destructor. A call from another thread_local's destructor
   // after it ran gets a state that is never freed (rare, and small).
-  if (!tOwnerGone) tOwner.armed = true;
-  tGroupState = new ThreadGroup();
+  if (!tOwnerGone) tOwner.owned = tGroupState;
   return *tGroupState;
 }
 

@@ -13,7 +13,7 @@ namespace {
 constexpr uint32_t kLinkTag = 0x4c000000u;
 constexpr uint32_t kDeviceLinkTag = 0x4d000000u;
 
-// NCCL_BUFFSIZE is a FIFO's slots (kSlots of them; shm adds cells of an eighth of that), for every
+// NCCL_BUFFSIZE is a FIFO's slots (kSlots of them; shm adds cells, transport.h), for every
 // transport when it is set. By default shared memory uses 1 MiB, not NCCL's 4 MiB: its slots are
 // copied by CPU cores, for which smaller pieces pipeline better. The network's slots hold 2 MiB (16
 // MiB in all) but steps carry at most 512 KiB (NCCL's 4 MiB / 8), except a two-rank broadcast's:

@@ -116,35 +116,6 @@ inline size_t cellBytesFor(size_t slotBytes) {
   return c >= 64 ? c : 0;
 }
 
-// Maps the first page(s) of every slot, and every cell, into this process at connection setup,
-// where a first touch during an operation would cost a page fault per slot and side. 8 ranks
-// on 2 cores over shm, 8 B all-reduces: the first 8 operations after init took 100-450 us
-// each, later ones 20. Only the first page of a slot: small messages use no more, and the rest
-// of a slot costs memory only once a big message fills it. cells: kSteps * cellBytes bytes
-// (none: nullptr). Nothing may flow through the FIFO yet.
-inline void prefaultSlots(char* slots, size_t slotBytes, char* cells = nullptr,
-                          size_t cellBytes = 0) {
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  auto populate = [page](const char* from, size_t bytes) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(from);
-    const uintptr_t start = a & ~(page - 1);
-    const uintptr_t end = (a + bytes + page - 1) & ~(page - 1);
-    if (madvise(reinterpret_cast<void*>(start), end - start, MADV_POPULATE_WRITE) == 0) return;
-    // Older kernels (EINVAL): touch each page. Not after other failures: on a full /dev/shm
-    // (EFAULT) a touch would raise SIGBUS; the pages then fault in when first used (and fail
-    // as they would have).
-    if (errno != EINVAL) return;
-    for (uintptr_t p = start; p < end; p += page) {
-      volatile char* c = reinterpret_cast<volatile char*>(p);
-      *c = *c;
-    }
-  };
-  for (int k = 0; k < kSlots; ++k) {
-    populate(slots + size_t(k) * slotBytes, std::min<size_t>(slotBytes, page));
-  }
-  if (cells) populate(cells, kSteps * cellBytes);
-}
-
 // What an engine holds for one end of one connection.
 struct FifoView {
   FifoCtrl* ctrl = nullptr;
@@ -182,6 +153,34 @@ struct FifoView {
   // payload goes by address or not: the transports' per-step state is per size word.
   uint64_t window(size_t bytes) const { return inCell(bytes) ? kSteps : kSlots; }
 };
+
+// Maps the first page(s) of every slot, and every cell, into this process at connection setup,
+// where a first touch during an operation would cost a page fault per slot and side. 8 ranks
+// on 2 cores over shm, 8 B all-reduces: the first 8 operations after init took 100-450 us
+// each, later ones 20. Only the first page of a slot: small messages use no more, and the rest
+// of a slot costs memory only once a big message fills it. Nothing may flow through the FIFO
+// yet.
+inline void prefaultSlots(const FifoView& f) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  auto populate = [page](const char* from, size_t bytes) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(from);
+    const uintptr_t start = a & ~(page - 1);
+    const uintptr_t end = (a + bytes + page - 1) & ~(page - 1);
+    if (madvise(reinterpret_cast<void*>(start), end - start, MADV_POPULATE_WRITE) == 0) return;
+    // Older kernels (EINVAL): touch each page. Not after other failures: on a full /dev/shm
+    // (EFAULT) a touch would raise SIGBUS; the pages then fault in when first used (and fail
+    // as they would have).
+    if (errno != EINVAL) return;
+    for (uintptr_t p = start; p < end; p += page) {
+      volatile char* c = reinterpret_cast<volatile char*>(p);
+      *c = *c;
+    }
+  };
+  for (int k = 0; k < kSlots; ++k) {
+    populate(f.slot(uint64_t(k)), std::min<size_t>(f.slotBytes, page));
+  }
+  if (f.cells) populate(f.cells, kSteps * f.cellBytes);
+}
 
 class Connection {
  public:

@@ -127,12 +127,6 @@ inline uint32_t pieceCount(size_t n, size_t piece) { return uint32_t((n + piece 
 size_t segmentBytes(size_t slotBytes) {
   return kHeader + kSlots * slotBytes + kSteps * cellBytesFor(slotBytes);
 }
-// The first page of every slot, and the cells (transport.h: prefaultSlots).
-void prefault(void* base, size_t slotBytes) {
-  char* slots = static_cast<char*>(base) + kHeader;
-  const size_t cellBytes = cellBytesFor(slotBytes);
-  prefaultSlots(slots, slotBytes, cellBytes ? slots + kSlots * slotBytes : nullptr, cellBytes);
-}
 
 class ShmConnection : public Connection {
  public:
@@ -156,6 +150,7 @@ class ShmConnection : public Connection {
     fifo_.channel = spec.channel;
     fifo_.conn = this;
     sharedCtrl_ = true;
+    prefaultSlots(fifo_);  // each side, before the receiver's descriptor goes out / it connects
   }
   ~ShmConnection() override {
     if (owner_) shm_unlink(name_.c_str());  // ENOENT once the sender unlinked it: fine
@@ -546,7 +541,6 @@ class ShmTransport : public Transport {
       shm_unlink(d.name);
       return base.status();
     }
-    prefault(base.value(), d.slotBytes);
     auto* ctrl = new (base.value()) FifoCtrl();
     ctrl->tail.store(0);
     ctrl->head.store(0);
@@ -597,7 +591,6 @@ class ShmTransport : public Transport {
       munmap(base.value(), d.bytes);
       return internalError(std::string("shm: segment ") + d.name + " is not a tutti FIFO");
     }
-    prefault(base.value(), d.slotBytes);
     const PeerInfo& p = comm_.peers()[static_cast<size_t>(spec.peer)];
     auto conn = std::make_unique<ShmConnection>(spec, comm_.rank(), base.value(), d.bytes, d.name,
                                                 false, p.pid, checkPid(p));

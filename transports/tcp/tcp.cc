@@ -72,7 +72,7 @@ class TcpConnection : public Connection {
     fifo_.ctrl = ctrl;
     fifo_.slots = mem_ + sizeof(FifoCtrl);
     fifo_.slotBytes = spec.slotBytes;
-    prefaultSlots(fifo_.slots, fifo_.slotBytes);
+    prefaultSlots(fifo_);
     fifo_.peer = spec.peer;
     fifo_.channel = spec.channel;
     fifo_.conn = this;
