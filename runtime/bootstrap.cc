@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "runtime/bootstrap_root.h"
 #include "runtime/log.h"
 
@@ -177,10 +179,14 @@ Status Bootstrap::barrier() {
 Status Bootstrap::send(int peer, uint32_t tag, const void* data, size_t size) {
   if (peer < 0 || peer >= nranks_) return invalidArgument("bootstrap send to bad peer");
   net::Deadline deadline = net::deadlineAfter(timeoutS_);
-  Result<net::Socket> s = net::Socket::connect(peerAddr(peer), deadline, abort_);
-  if (!s.ok()) {
-    return s.status().withContext("rank " + std::to_string(rank_) + ": bootstrap send to rank " +
-                                  std::to_string(peer));
+  Result<net::Socket> s = net::Socket::connect(peerAddr(peer), sliceOf(deadline), abort_);
+  while (!s.ok()) {
+    Status st = checkPeer(peer, deadline, s.status());
+    if (!st.ok()) {
+      return st.withContext("rank " + std::to_string(rank_) + ": bootstrap send to rank " +
+                            std::to_string(peer));
+    }
+    s = net::Socket::connect(peerAddr(peer), sliceOf(deadline), abort_);
   }
   wire::Hello h = hello(wire::HelloKind::kP2p);
   h.tag = tag;
@@ -206,12 +212,13 @@ Status Bootstrap::recv(int peer, uint32_t tag, void* data, size_t size) {
       unexpected_.erase(it);
       return Status::Ok();
     }
-    Result<Acceptor::Accepted> a = acceptor_->next(deadline, abort_);
+    Result<Acceptor::Accepted> a = acceptor_->next(sliceOf(deadline), abort_);
     if (!a.ok()) {
-      return Status(a.status().code(), "rank " + std::to_string(rank_) +
-                                           ": no bootstrap message from rank " +
-                                           std::to_string(peer) + " (tag " + std::to_string(tag) +
-                                           "): " + a.status().message());
+      Status st = checkPeer(peer, deadline, a.status());
+      if (st.ok()) continue;
+      return Status(st.code(), "rank " + std::to_string(rank_) +
+                                   ": no bootstrap message from rank " + std::to_string(peer) +
+                                   " (tag " + std::to_string(tag) + "): " + st.message());
     }
     if (a.value().hello.kind != static_cast<uint32_t>(wire::HelloKind::kP2p)) {
       TUTTI_WARN("rank %d: dropped an unexpected bootstrap connection (kind %u from rank %d)",
@@ -220,6 +227,17 @@ Status Bootstrap::recv(int peer, uint32_t tag, void* data, size_t size) {
     }
     TUTTI_TRY(queueMessage(a.value().socket, a.value().hello, deadline));
   }
+}
+
+net::Deadline Bootstrap::sliceOf(net::Deadline deadline) const {
+  if (!peerCheck_) return deadline;
+  return std::min(deadline, net::deadlineAfter(kPeerCheckSeconds));
+}
+
+Status Bootstrap::checkPeer(int peer, net::Deadline deadline, const Status& waited) const {
+  // Only a slice that ran out goes on; any other failure (or the whole deadline) is the answer.
+  if (waited.code() != Code::kTimeout || net::secondsLeft(deadline) <= 0) return waited;
+  return peerCheck_ ? peerCheck_(peer) : waited;
 }
 
 }  // namespace tutti

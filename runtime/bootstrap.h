@@ -3,6 +3,7 @@
 // by later setup steps (transport handshakes); never on a data path.
 #pragma once
 
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,18 @@ class Bootstrap {
   // Point-to-point messages, matched by (peer, tag); messages may arrive in any order.
   Status send(int peer, uint32_t tag, const void* data, size_t size);
   Status recv(int peer, uint32_t tag, void* data, size_t size);
+  // Asked every kPeerCheckSeconds while send or recv waits for a peer: a failed Status ends the
+  // wait with it (the communicator knows which peers' processes it can see; the bootstrap
+  // alone would wait out its deadline for a peer that exited).
+  using PeerCheck = std::function<Status(int peer)>;
+  void setPeerCheck(PeerCheck check) { peerCheck_ = std::move(check); }
+  static constexpr double kPeerCheckSeconds = 0.2;
+  // For any wait on one peer (transports' handshakes too): wait until sliceOf(deadline), and
+  // when that fails go on only while checkPeer gives Ok. sliceOf: at most kPeerCheckSeconds on
+  // while a check is set. checkPeer: `waited` itself unless it is a slice's timeout before
+  // the whole deadline; then the peer check's verdict.
+  net::Deadline sliceOf(net::Deadline deadline) const;
+  Status checkPeer(int peer, net::Deadline deadline, const Status& waited) const;
 
  private:
   Bootstrap(int rank, int nranks, uint64_t secret, const std::atomic<bool>* abort, double timeoutS);
@@ -54,6 +67,7 @@ class Bootstrap {
   std::unique_ptr<Acceptor> acceptor_;
   net::Socket next_, prev_;
   std::vector<wire::Addr> peers_;
+  PeerCheck peerCheck_;
 
   struct Message {
     int from;

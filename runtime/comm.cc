@@ -185,6 +185,17 @@ Status Comm::init(const wire::UniqueId& id) {
                            std::to_string(peers_[static_cast<size_t>(r)].rank));
     }
   }
+  // Link setup waits on single peers through the bootstrap: a peer process that exited
+  // (killed, crashed, or failed before its links) ends the wait at once, by name, instead of
+  // after TUTTI_BOOTSTRAP_TIMEOUT.
+  bootstrap_->setPeerCheck([this](int peer) {
+    const PeerInfo& p = peers_[static_cast<size_t>(peer)];
+    if (!canWatchProcess(peers_[static_cast<size_t>(rank())], p) || processAlive(p.pid)) {
+      return Status::Ok();
+    }
+    return remoteError("rank " + std::to_string(peer) + " (pid " + std::to_string(p.pid) +
+                       ", same machine) exited");
+  });
   logLayout();
   links_ = std::make_unique<Links>(*this);
   engine_ = std::make_unique<Engine>(*this);

@@ -1,11 +1,14 @@
 #include "runtime/peer_info.h"
 
 #include <sched.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "runtime/cuda_shim.h"
@@ -21,6 +24,23 @@ uint64_t fnv1a(const void* data, size_t size, uint64_t seed) {
     h *= 0x100000001b3ull;
   }
   return h;
+}
+
+bool canWatchProcess(const PeerInfo& me, const PeerInfo& p) {
+  return p.pid != me.pid && p.pidNs == me.pidNs && me.pidNs != 0 && p.machineHash == me.machineHash;
+}
+
+bool processAlive(int64_t pid) {
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  char path[64], buf[256];
+  snprintf(path, sizeof(path), "/proc/%lld/stat", static_cast<long long>(pid));
+  FILE* f = fopen(path, "r");
+  if (!f) return true;  // no /proc: trust kill()
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char* close = strrchr(buf, ')');  // the command name may contain anything
+  return !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
 }
 
 std::string localHostname() {

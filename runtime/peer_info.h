@@ -40,6 +40,12 @@ PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr
 // affinity masks. Ranks bound to separate cores do not share them, however few each has.
 int machineCpus(const PeerInfo* peers, size_t n, uint64_t machineHash);
 
+// Whether this process can tell by pid if p's process is alive: another process of the same
+// kernel and pid namespace (pids mean nothing across either).
+bool canWatchProcess(const PeerInfo& me, const PeerInfo& p);
+// Whether process pid exists and is not a zombie its parent has yet to reap.
+bool processAlive(int64_t pid);
+
 uint64_t fnv1a(const void* data, size_t size, uint64_t seed = 0xcbf29ce484222325ull);
 
 }  // namespace tutti

@@ -21,16 +21,29 @@ namespace {
 
 std::string rankBin() { return TUTTI_TEST_RANK_BIN; }
 
+// Shell: exports `env` and what rank processes of a `size`-rank job need, then starts each
+// (RANK=r, pid in $p<r>, output in $d/<r>.log) as the test rank binary in `mode`.
+std::string startRanks(const std::string& env, int size, const char* mode) {
+  return "export " + env + " WORLD_SIZE=" + std::to_string(size) +
+         " MASTER_ADDR=127.0.0.1 MASTER_PORT=0 TUTTI_PORT=$(python3 -c 'import socket; "
+         "s=socket.socket(); s.bind((\"127.0.0.1\",0)); print(s.getsockname()[1])'); "
+         "d=$(mktemp -d); for r in $(seq 0 " +
+         std::to_string(size - 1) + "); do RANK=$r " + rankBin() + " " + mode +
+         " >$d/$r.log 2>&1 & eval p$r=$!; done; ";
+}
+
+// The lines of `out` that contain `marker`, from the marker on.
+std::vector<std::string> linesFrom(const std::string& out, const char* marker) {
+  std::vector<std::string> lines;
+  for (size_t at = out.find(marker); at != std::string::npos; at = out.find(marker, at + 1)) {
+    lines.push_back(out.substr(at, out.find('\n', at) - at));
+  }
+  return lines;
+}
+
 // Three rank processes loop on AllReduce; once all run, rank 1 is killed with SIGKILL.
 std::string killScript(const char* extraEnv) {
-  return std::string("export ") + extraEnv +
-         " WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=0 TUTTI_TIMEOUT=60 "
-         "TUTTI_PORT=$(python3 -c 'import socket; s=socket.socket(); "
-         "s.bind((\"127.0.0.1\",0)); print(s.getsockname()[1])'); "
-         "d=$(mktemp -d); "
-         "for r in 0 1 2; do RANK=$r " +
-         rankBin() +
-         " loop >$d/$r.log 2>&1 & eval p$r=$!; done; "
+  return startRanks(std::string(extraEnv) + " TUTTI_TIMEOUT=60", 3, "loop") +
          "for i in $(seq 300); do [ $(cat $d/*.log | grep -c running) = 3 ] && break; sleep 0.1; "
          "done; "
          "start=$(date +%s.%N); kill -9 $p1; "
@@ -70,6 +83,40 @@ TEST(Faults, KilledPeerOverTcpGivesRemoteError) {
       << r.output;
 }
 
+// Rank 1 exits right after init, before any link exists; ranks 0 and 2 then start an
+// AllReduce, whose link setup waits on rank 1. They fail with a remote error naming rank 1's
+// exit, well before the bootstrap deadline (120 s here) that such a wait used to run out.
+class PeerExitTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PeerExitTest, APeerThatExitedBeforeLinkSetupIsNamedAtOnce) {
+  RunResult r = runShell(
+      startRanks(std::string("NCCL_SHM_DISABLE=") + GetParam() +
+                     " TUTTI_TIMEOUT=120 TUTTI_BOOTSTRAP_TIMEOUT=120",
+                 3, "peerexit") +
+      "wait $p0; a=$?; wait $p1; c=$?; wait $p2; b=$?; cat $d/0.log $d/2.log; "
+      "echo codes $a $b $c; echo leftover $(ls /dev/shm | grep -E \"^tutti-($p0|$p1|$p2)-\" | "
+      "wc -l); rm -rf $d");
+  EXPECT_NE(r.output.find("codes 0 0 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("leftover 0"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 60.0) << r.output;
+  // Rank 0 waits on rank 1 in link setup whatever the timing (rank 1 never describes its
+  // FIFOs); rank 2 may instead meet the exit on the data path. Both name it.
+  int named = 0;
+  for (const std::string& line : linesFrom(r.output, "survivor: ")) {
+    EXPECT_NE(line.find("remote process exited"), std::string::npos) << line;
+    EXPECT_NE(line.find("rank 1 (pid"), std::string::npos) << line;
+    EXPECT_NE(line.find("exited"), std::string::npos) << line;
+    named +=
+        line.find("rank 0:") != std::string::npos && line.find("link setup") != std::string::npos;
+  }
+  EXPECT_EQ(named, 1) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, PeerExitTest, ::testing::Values("0", "1"),
+                         [](const auto& info) {
+                           return std::string(info.param) == "0" ? "shm" : "tcp";
+                         });
+
 // A payload sent by address (shm single copy) that cannot be copied: rank 1 receives a
 // broadcast into memory it may only read. Both ranks fail promptly, and each names the copy
 // that failed (which rank, which call, the errno), not only that the other rank left.
@@ -79,20 +126,12 @@ TEST(Faults, AFailedSingleCopyIsNamedOnBothRanks) {
   RunResult yama = runShell("cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo 0");
   if (yama.output.substr(0, 1) != "0") GTEST_SKIP() << "ptrace_scope " << yama.output;
   RunResult r = runShell(
-      "export TUTTI_SHM_SINGLE_COPY=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=0 "
-      "TUTTI_TIMEOUT=30 TUTTI_PORT=$(python3 -c 'import socket; s=socket.socket(); "
-      "s.bind((\"127.0.0.1\",0)); print(s.getsockname()[1])'); "
-      "d=$(mktemp -d); "
-      "for r in 0 1; do RANK=$r " +
-      rankBin() +
-      " readonly >$d/$r.log 2>&1 & eval p$r=$!; done; "
+      startRanks("TUTTI_SHM_SINGLE_COPY=1 TUTTI_TIMEOUT=30", 2, "readonly") +
       "wait $p0; a=$?; wait $p1; b=$?; cat $d/0.log $d/1.log; echo codes $a $b; rm -rf $d");
   EXPECT_NE(r.output.find("codes 0 0"), std::string::npos) << r.output;
   EXPECT_LT(r.seconds, 20.0) << r.output;
   int named = 0;
-  for (size_t at = r.output.find("readonly: "); at != std::string::npos;
-       at = r.output.find("readonly: ", at + 1)) {
-    const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+  for (const std::string& line : linesFrom(r.output, "readonly: ")) {
     EXPECT_NE(line.find("process_vm_"), std::string::npos) << line;
     EXPECT_NE(line.find("Bad address"), std::string::npos) << line;
     EXPECT_EQ(line.find("left the operation"), std::string::npos) << line;

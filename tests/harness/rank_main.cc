@@ -121,6 +121,16 @@ int main(int argc, char** argv) {
     ncclCommAbort(comm);
     return r == ncclSuccess ? 1 : 0;
   }
+  if (mode == "peerexit") {  // rank 1 leaves right after init; the others then need it
+    if (rank == 1) _exit(3);
+    std::vector<float> buf(1 << 20, 1.0f);
+    ncclResult_t r =
+        ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+    printf("survivor: %s: %s\n", ncclGetErrorString(r), ncclGetLastError(comm));
+    fflush(stdout);
+    ncclCommAbort(comm);
+    return r == ncclRemoteError ? 0 : 1;
+  }
   if (mode == "loop") {
     std::vector<float> buf(1 << 20, 1.0f);
     for (int i = 0;; ++i) {

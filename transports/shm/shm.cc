@@ -174,25 +174,13 @@ class ShmConnection : public Connection {
     }
     // A peer process that died cannot say so: check that it still exists (and is not a
     // zombie its parent has yet to reap). Only meaningful inside one pid namespace.
-    if (checkPid_ && !processAlive(static_cast<pid_t>(peerPid_))) {
+    if (checkPid_ && !processAlive(peerPid_)) {
       return remoteError("rank " + std::to_string(peer_) + " (pid " + std::to_string(peerPid_) +
                          ", same host, shm) exited");
     }
     return Status::Ok();
   }
 
-  static bool processAlive(pid_t pid) {
-    if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-    char path[64], buf[256];
-    snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-    FILE* f = fopen(path, "r");
-    if (!f) return true;  // no /proc: trust kill()
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char* close = strrchr(buf, ')');  // the command name may contain anything
-    return !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
-  }
   const char* transportName() const override { return "shm"; }
   void breakLink() override { markBroken(kBrokenLeft, 0); }
 
@@ -416,8 +404,7 @@ class ShmConnection : public Connection {
     while (help_->done[k].load(std::memory_order_acquire) < want) {
       // A sender whose copy failed never finishes that piece, and takes no other.
       if ((fifo_.ctrl->broken.load(std::memory_order_acquire) & 0xff) == kBrokenWrite) return;
-      if (std::chrono::steady_clock::now() > until ||
-          (checkPid_ && !processAlive(static_cast<pid_t>(peerPid_)))) {
+      if (std::chrono::steady_clock::now() > until || (checkPid_ && !processAlive(peerPid_))) {
         TUTTI_WARN("shm: rank %d (pid %lld) still had pieces of a payload to copy here", peer_,
                    static_cast<long long>(peerPid_));
         return;
@@ -644,8 +631,7 @@ class ShmTransport : public Transport {
            got == d.probeValue;
   }
   bool checkPid(const PeerInfo& p) const {
-    const PeerInfo& me = comm_.peers()[static_cast<size_t>(comm_.rank())];
-    return p.pid != me.pid && p.pidNs == me.pidNs && me.pidNs != 0;
+    return canWatchProcess(comm_.peers()[static_cast<size_t>(comm_.rank())], p);
   }
   Comm& comm_;
   bool singleCopy_, adaptive_;

@@ -419,11 +419,13 @@ class TcpTransport : public Transport {
         }
       }
       if (have == nsocks_) break;
-      Result<Acceptor::Accepted> a = acceptor_->next(deadline, comm_.abortFlag());
+      Bootstrap* b = comm_.bootstrap();
+      Result<Acceptor::Accepted> a = acceptor_->next(b->sliceOf(deadline), comm_.abortFlag());
       if (!a.ok()) {
-        return a.status().withContext("tcp: waiting for " + peerName(want.peer) +
-                                      " to connect (channel " +
-                                      std::to_string(conn->fifo().channel) + ")");
+        Status st = b->checkPeer(want.peer, deadline, a.status());
+        if (st.ok()) continue;
+        return st.withContext("tcp: waiting for " + peerName(want.peer) + " to connect (channel " +
+                              std::to_string(conn->fifo().channel) + ")");
       }
       if (a.value().hello.kind != static_cast<uint32_t>(wire::HelloKind::kData)) {
         TUTTI_WARN("rank %d: tcp listener dropped a connection of kind %u from rank %d",
@@ -451,10 +453,15 @@ class TcpTransport : public Transport {
     net::Deadline deadline = net::deadlineAfter(comm_.bootstrap()->timeoutSeconds());
     std::vector<net::Socket> socks;
     for (uint32_t i = 0; i < d.nsocks; ++i) {
-      Result<net::Socket> s = net::Socket::connect(addr, deadline, comm_.abortFlag());
-      if (!s.ok()) {
-        return s.status().withContext("tcp: connecting to " + peerName(spec.peer) + " at " +
-                                      addr.toString());
+      Bootstrap* b = comm_.bootstrap();
+      Result<net::Socket> s = net::Socket::connect(addr, b->sliceOf(deadline), comm_.abortFlag());
+      while (!s.ok()) {
+        Status st = b->checkPeer(spec.peer, deadline, s.status());
+        if (!st.ok()) {
+          return st.withContext("tcp: connecting to " + peerName(spec.peer) + " at " +
+                                addr.toString());
+        }
+        s = net::Socket::connect(addr, b->sliceOf(deadline), comm_.abortFlag());
       }
       wire::Hello h{};
       h.magic = wire::kHelloMagic;
