@@ -16,6 +16,7 @@
 #include "runtime/status.h"
 #include "runtime/two_way_tuner.h"
 #include "runtime/workers.h"
+#include "transports/shm/area.h"
 #include "transports/transport.h"
 
 namespace tutti {
@@ -48,6 +49,10 @@ class Engine {
   Status ensureRdLinks(OpState& state);
   Status runFlat(const CollArgs& op, OpState& state);
   Status ensureFlatLinks(OpState& state);
+  // The broadcast through the host's shared area (transports/shm/area.h), made on first use:
+  // rank 0 creates it and names it to the others over the bootstrap.
+  Status runAreaBroadcast(const CollArgs& op, OpState& state);
+  Status ensureArea(OpState& state);
   // The root of a broadcast from stateBcastMinBytes_: flat while copies into the ring's slots
   // run slow (the shm link to the next rank says: Connection::copiesRunSlow), the chain
   // otherwise. After stateRecheck_ flat ones in a row the verdict is forgotten, so that the
@@ -87,6 +92,12 @@ class Engine {
   size_t stateBcastMinBytes_;  // and from this size flat or chain by state (0: never)
   size_t stateBcastMaxBytes_;  // up to this one
   bool flatByState_ = false;   // the root's last choice (flatBroadcastNow)
+  size_t areaBcastMinBytes_;   // broadcasts of 3+ ranks on one host over shm in this range go
+  size_t areaBcastMaxBytes_;   // through the shared area (0: never)
+  int areaSlots_;
+  size_t areaChunkBytes_;
+  std::unique_ptr<transport::ShmArea> area_;
+  uint64_t areaNext_ = 0;  // chunks this communicator's area has carried (alike on every rank)
   uint32_t flatSinceVerdict_ = 0;
   int64_t spinNs_;  // how long a wait busy-polls before yielding (0 when oversubscribed)
   std::mutex mu_;   // one group at a time per communicator

@@ -8,6 +8,10 @@
 #include "runtime/coll_args.h"
 #include "runtime/waiter.h"
 
+namespace tutti::transport {
+class ShmArea;
+}
+
 namespace tutti::cpu {
 
 // Copy-only collectives (AllGather, Broadcast) run on bytes: counts in ra are in bytes.
@@ -57,6 +61,10 @@ void runFlatAllGather(const CollArgs& op, size_t bytes, int rank, int nranks,
 // the root, waiting, copies pieces into theirs); bytes in all.
 void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int nranks,
                       const FlatLinks& links, Waiter* w);
+// The broadcast through the host's shared area (transports/shm/area.h): chunks first,
+// first + 1, ... of the area's count; the flat links name the peer a wait is for.
+void runAreaBroadcast(const CollArgs& op, size_t bytes, int rank, int nranks,
+                      transport::ShmArea& area, uint64_t first, const FlatLinks& links, Waiter* w);
 // The way an operation goes, as `root` chose it (`way`, 0 or 1; ignored elsewhere), passed
 // down the ring chain: the root sends a marker (transport::kWaySlot) with its byte count and
 // the way to the next rank, each rank passes it on before it starts. A rank expecting another

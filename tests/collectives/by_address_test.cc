@@ -94,6 +94,98 @@ TEST(FlatBroadcast, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails)
   }
 }
 
+// The broadcast through the shared area (transports/shm/area.h), with slots of 4 KiB and 4 of
+// them so that every broadcast wraps the area several times and ends in a part chunk. Roots
+// change from one broadcast to the next (the area's chunk count runs on across them), other
+// collectives run in between, in place or not, 3 and 4 ranks. A rank that disagrees on the
+// count fails naming both sizes and none hangs; nothing stays in /dev/shm.
+TEST(AreaBroadcast, WrappedChunksChangingRootsAndACountMismatch) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv area("TUTTI_AREA_BROADCAST_MIN_BYTES", "1");
+  ScopedEnv chunk("TUTTI_SHM_AREA_CHUNK", "4096");
+  ScopedEnv slots("TUTTI_SHM_AREA_SLOTS", "4");
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  auto value = [](size_t i, int root, size_t count) {
+    return uint8_t(i * 131 + size_t(root) * 7 + count);
+  };
+  for (int n : {3, 4}) {
+    SCOPED_TRACE(std::to_string(n) + " ranks");
+    std::vector<ncclComm_t> comms = initThreads(n);
+    onThreads(n, [&](int r) {
+      ncclComm_t c = comms[size_t(r)];
+      for (size_t count : {size_t(3 * 4 * 4096 + 5), size_t(1), size_t(4096)}) {
+        for (int root = 0; root < n; ++root) {
+          for (bool inPlace : {false, true}) {
+            std::vector<uint8_t> send(count), recv(count, 0);
+            for (size_t i = 0; i < count; ++i) send[i] = r == root ? value(i, root, count) : 0;
+            uint8_t* out = inPlace ? send.data() : recv.data();
+            ASSERT_EQ(ncclBroadcast(send.data(), out, count, ncclUint8, root, c, nullptr),
+                      ncclSuccess)
+                << ncclGetLastError(c);
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(out[i], value(i, root, count))
+                  << "rank " << r << " root " << root << " in place " << inPlace << " at " << i;
+            }
+          }
+        }
+        float one = 1.0f, sum = 0.0f;  // another path between broadcasts
+        ASSERT_EQ(ncclAllReduce(&one, &sum, 1, ncclFloat, ncclSum, c, nullptr), ncclSuccess);
+        ASSERT_EQ(sum, float(n));
+      }
+    });
+    EXPECT_EQ(leftoverShmSegments(), 0);
+    // The last rank expects half the bytes (two of the root's 4 KiB chunks): it fails on the
+    // first chunk's line, nobody hangs, and a rank that returns success holds the root's bytes.
+    const size_t count = 4 * 4096;
+    std::vector<int> wrong(size_t(n), 0);
+    auto [rc, msg] = runMismatched(comms, [&](int r, ncclComm_t c) {
+      const size_t mine = r == n - 1 ? count / 2 : count;
+      std::vector<uint8_t> buf(mine);
+      for (size_t i = 0; i < mine; ++i) buf[i] = r == 1 ? value(i, 1, count) : 0;
+      const ncclResult_t res =
+          ncclBroadcast(buf.data(), buf.data(), mine, ncclUint8, 1, c, nullptr);
+      for (size_t i = 0; i < mine && res == ncclSuccess; ++i) {
+        wrong[size_t(r)] += buf[i] != value(i, 1, count);
+      }
+      return res;
+    });
+    EXPECT_EQ(rc[size_t(n - 1)], ncclInvalidUsage);
+    EXPECT_NE(msg[size_t(n - 1)].find("rank 1 broadcasts 16384 bytes where this rank expects 8192"),
+              std::string::npos)
+        << msg[size_t(n - 1)];
+    for (int r = 0; r < n; ++r) EXPECT_EQ(wrong[size_t(r)], 0) << "rank " << r;
+    for (auto& c : comms) ncclCommAbort(c);
+    // The last rank thinks it is the root, the others that rank 1 is: two writers. Whichever
+    // claims the area's chunks second fails saying so (the claim comes before any wait), so
+    // exactly one does; none hangs, and a rank that returns success holds its root's bytes
+    // (readers of the first claimant may well succeed).
+    comms = initThreads(n);
+    std::vector<int> took(size_t(n), 0);
+    auto [rc2, msg2] = runMismatched(comms, [&](int r, ncclComm_t c) {
+      const int root = r == n - 1 ? n - 1 : 1;
+      std::vector<uint8_t> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = r == root ? value(i, root, count) : 0;
+      const ncclResult_t res =
+          ncclBroadcast(buf.data(), buf.data(), count, ncclUint8, root, c, nullptr);
+      for (size_t i = 0; i < count && res == ncclSuccess; ++i) {
+        took[size_t(r)] += buf[i] != value(i, root, count);
+      }
+      return res;
+    });
+    int claimedSecond = 0;
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(took[size_t(r)], 0) << "rank " << r;
+      if (msg2[size_t(r)].find("another rank broadcasts as root") != std::string::npos) {
+        EXPECT_EQ(rc2[size_t(r)], ncclInvalidUsage);
+        EXPECT_TRUE(r == 1 || r == n - 1) << "rank " << r;
+        ++claimedSecond;
+      }
+    }
+    EXPECT_EQ(claimedSecond, 1);
+    for (auto& c : comms) ncclCommAbort(c);
+  }
+}
+
 // The two-rank shm all-gather by timing (TwoWayTuner): the first runs of each size alternate
 // between sending by address and through the slots, then each rank sends the way its recent
 // runs were faster, and tries the other now and then -- so a rank may send one way while its

@@ -117,6 +117,32 @@ INSTANTIATE_TEST_SUITE_P(Transports, PeerExitTest, ::testing::Values("0", "1"),
                            return std::string(info.param) == "0" ? "shm" : "tcp";
                          });
 
+// Rank 1 expects the shared broadcast area in 8 KiB slots, the others in the default 128 KiB:
+// rank 1 cannot map it as described and says why, rank 0 (which made it) fails naming rank 1's
+// reason, rank 2 fails because rank 0 left; nobody waits out a deadline.
+TEST(Faults, ASharedAreaLaidOutDifferentlyFailsEveryRankClearly) {
+  RunResult r = runShell(startRanks("NCCL_SHM_DISABLE=0 TUTTI_AREA_BROADCAST_MIN_BYTES=1 "
+                                    "TUTTI_TIMEOUT=60 TUTTI_BOOTSTRAP_TIMEOUT=60",
+                                    3, "areamismatch") +
+                         "wait $p0; a=$?; wait $p1; b=$?; wait $p2; c=$?; "
+                         "cat $d/0.log $d/1.log $d/2.log; echo codes $a $b $c; "
+                         "echo leftover $(ls /dev/shm | grep -E \"^tutti-($p0|$p1|$p2)-\" | "
+                         "wc -l); rm -rf $d");
+  EXPECT_NE(r.output.find("codes 0 0 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("leftover 0"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 30.0) << r.output;
+  std::vector<std::string> lines = linesFrom(r.output, "areamismatch: ");
+  ASSERT_EQ(lines.size(), 3u) << r.output;
+  for (size_t i = 0; i < 2; ++i) {  // ranks 0 and 1
+    EXPECT_NE(lines[i].find("invalid usage"), std::string::npos) << lines[i];
+    EXPECT_NE(lines[i].find("TUTTI_SHM_AREA_SLOTS and TUTTI_SHM_AREA_CHUNK must match"),
+              std::string::npos)
+        << lines[i];
+    EXPECT_NE(lines[i].find("setting up the shared broadcast area"), std::string::npos) << lines[i];
+  }
+  EXPECT_NE(lines[2].find("rank 0"), std::string::npos) << lines[2];
+}
+
 // A payload sent by address (shm single copy) that cannot be copied: rank 1 receives a
 // broadcast into memory it may only read. Both ranks fail promptly, and each names the copy
 // that failed (which rank, which call, the errno), not only that the other rank left.

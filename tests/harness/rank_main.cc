@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
   int rank = atoi(getenv("RANK") ? getenv("RANK") : "0");
   int size = atoi(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "1");
   ncclComm_t comm = nullptr;
+  // Rank 1 lays the shared broadcast area out differently from the others.
+  if (mode == "areamismatch" && rank == 1) setenv("TUTTI_SHM_AREA_CHUNK", "8192", 1);
   if (mode == "getid") {
     ncclUniqueId id;
     if (ncclGetUniqueId(&id) != ncclSuccess) return failWith("ncclGetUniqueId", nullptr);
@@ -120,6 +122,14 @@ int main(int argc, char** argv) {
     fflush(stdout);
     ncclCommAbort(comm);
     return r == ncclSuccess ? 1 : 0;
+  }
+  if (mode == "areamismatch") {  // every rank fails the broadcast, none hangs
+    std::vector<char> buf(1 << 16, 1);
+    ncclResult_t r = ncclBroadcast(buf.data(), buf.data(), buf.size(), ncclChar, 0, comm, nullptr);
+    printf("areamismatch: %s: %s\n", ncclGetErrorString(r), ncclGetLastError(comm));
+    fflush(stdout);
+    ncclCommAbort(comm);
+    return r != ncclSuccess ? 0 : 1;
   }
   if (mode == "peerexit") {  // rank 1 leaves right after init; the others then need it
     if (rank == 1) _exit(3);

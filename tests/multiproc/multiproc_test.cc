@@ -134,17 +134,22 @@ TEST_P(ProcessMatrix, EveryCollectiveMatchesTheOracle) {
       // whose minimum is 1 MiB: each receiver goes by its sender's minimum, not its own.
       (s.nranks == 3 ? " NCCL_MIN_NCHANNELS=2 TUTTI_SHM_SINGLE_COPY=1 TUTTI_SHM_SINGLE_COPY_MIN=256"
                      : "") +
+      // 3 processes: every broadcast through the shared area, in 4 KiB slots, 4 of them.
+      (s.nranks == 3 ? " TUTTI_AREA_BROADCAST_MIN_BYTES=1 TUTTI_SHM_AREA_CHUNK=4096"
+                       " TUTTI_SHM_AREA_SLOTS=4"
+                     : "") +
       // 8 processes: adaptive single copy told that every slot copy is slow, so that each
       // connection moves from slots to addresses mid-run (from 256 bytes up); broadcasts of
       // 4 KiB or more by state: the ring chain until the root's verdict, flat after it (the
-      // root's buffer read by every receiver, between processes).
+      // root's buffer read by every receiver, between processes) -- not through the shared
+      // area, which 8 crowded ranks take by default.
       // 2 processes: all-gathers and broadcasts by address (process_vm_readv) from 256 bytes,
       // in chunks bigger than the 8 KiB slots -- from rank 0 only: rank 1 turns single copy
       // off for its sends, and must still take rank 0's.
       (s.nranks == 2 && std::string(s.transport) == "shm" ? " TUTTI_SHM_SINGLE_COPY_MIN=256" : "") +
       (s.nranks == 8 && std::string(s.transport) == "shm"
            ? " TUTTI_SHM_SLOW_GBPS=1000000 TUTTI_SHM_SINGLE_COPY_MIN=256"
-             " TUTTI_STATE_BROADCAST_MIN_BYTES=4096"
+             " TUTTI_STATE_BROADCAST_MIN_BYTES=4096 TUTTI_AREA_BROADCAST_MIN_BYTES=0"
            : "");
   const bool shm2 = s.nranks == 2 && std::string(s.transport) == "shm";
   const std::string rank =
