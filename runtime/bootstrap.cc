@@ -179,14 +179,14 @@ Status Bootstrap::barrier() {
 Status Bootstrap::send(int peer, uint32_t tag, const void* data, size_t size) {
   if (peer < 0 || peer >= nranks_) return invalidArgument("bootstrap send to bad peer");
   net::Deadline deadline = net::deadlineAfter(timeoutS_);
-  Result<net::Socket> s = net::Socket::connect(peerAddr(peer), sliceOf(deadline), abort_);
+  Result<net::Socket> s = net::Socket::connect(peerAddr(peer), sliceOf(peer, deadline), abort_);
   while (!s.ok()) {
     Status st = checkPeer(peer, deadline, s.status());
     if (!st.ok()) {
       return st.withContext("rank " + std::to_string(rank_) + ": bootstrap send to rank " +
                             std::to_string(peer));
     }
-    s = net::Socket::connect(peerAddr(peer), sliceOf(deadline), abort_);
+    s = net::Socket::connect(peerAddr(peer), sliceOf(peer, deadline), abort_);
   }
   wire::Hello h = hello(wire::HelloKind::kP2p);
   h.tag = tag;
@@ -199,6 +199,7 @@ Status Bootstrap::recv(int peer, uint32_t tag, void* data, size_t size) {
   if (peer < 0 || peer >= nranks_) return invalidArgument("bootstrap recv from bad peer");
   std::lock_guard<std::mutex> lock(recvMu_);
   net::Deadline deadline = net::deadlineAfter(timeoutS_);
+  Status gone;  // the peer check's verdict, once it said the peer exited
   while (true) {
     for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
       if (it->from != peer || it->tag != tag) continue;
@@ -212,10 +213,18 @@ Status Bootstrap::recv(int peer, uint32_t tag, void* data, size_t size) {
       unexpected_.erase(it);
       return Status::Ok();
     }
-    Result<Acceptor::Accepted> a = acceptor_->next(sliceOf(deadline), abort_);
+    Result<Acceptor::Accepted> a = acceptor_->next(sliceOf(peer, deadline), abort_);
     if (!a.ok()) {
       Status st = checkPeer(peer, deadline, a.status());
       if (st.ok()) continue;
+      // A peer that sent and then exited: its message may still wait in the listener. One
+      // more slice to take it; the exit is the answer if nothing comes.
+      if (gone.ok() && st.code() != a.status().code()) {
+        gone = st;
+        deadline = std::min(deadline, net::deadlineAfter(kPeerCheckSeconds));
+        continue;
+      }
+      if (!gone.ok()) st = gone;
       return Status(st.code(), "rank " + std::to_string(rank_) +
                                    ": no bootstrap message from rank " + std::to_string(peer) +
                                    " (tag " + std::to_string(tag) + "): " + st.message());
@@ -229,15 +238,20 @@ Status Bootstrap::recv(int peer, uint32_t tag, void* data, size_t size) {
   }
 }
 
-net::Deadline Bootstrap::sliceOf(net::Deadline deadline) const {
-  if (!peerCheck_) return deadline;
+net::Deadline Bootstrap::sliceOf(int peer, net::Deadline deadline) const {
+  if (!peerCheck_.watches || !peerCheck_.watches(peer)) return deadline;
   return std::min(deadline, net::deadlineAfter(kPeerCheckSeconds));
 }
 
 Status Bootstrap::checkPeer(int peer, net::Deadline deadline, const Status& waited) const {
-  // Only a slice that ran out goes on; any other failure (or the whole deadline) is the answer.
-  if (waited.code() != Code::kTimeout || net::secondsLeft(deadline) <= 0) return waited;
-  return peerCheck_ ? peerCheck_(peer) : waited;
+  // Only a slice that ran out goes on; any other failure is the answer, and so is a timeout
+  // in the deadline's last slice (connect gives up up to a retry's delay early: no spinning
+  // on refused connects there).
+  if (waited.code() != Code::kTimeout || net::secondsLeft(deadline) <= kPeerCheckSeconds ||
+      !peerCheck_.check) {
+    return waited;
+  }
+  return peerCheck_.check(peer);
 }
 
 }  // namespace tutti

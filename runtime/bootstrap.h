@@ -37,17 +37,22 @@ class Bootstrap {
   // Point-to-point messages, matched by (peer, tag); messages may arrive in any order.
   Status send(int peer, uint32_t tag, const void* data, size_t size);
   Status recv(int peer, uint32_t tag, void* data, size_t size);
-  // Asked every kPeerCheckSeconds while send or recv waits for a peer: a failed Status ends the
-  // wait with it (the communicator knows which peers' processes it can see; the bootstrap
-  // alone would wait out its deadline for a peer that exited).
-  using PeerCheck = std::function<Status(int peer)>;
+  // Asked every kPeerCheckSeconds while send or recv waits for a peer it watches: a failed
+  // Status ends the wait with it (the communicator knows which peers' processes it can see;
+  // the bootstrap alone would wait out its deadline for a peer that exited). Peers it does
+  // not watch are waited for in one piece, as before.
+  struct PeerCheck {
+    std::function<bool(int peer)> watches;
+    std::function<Status(int peer)> check;
+  };
   void setPeerCheck(PeerCheck check) { peerCheck_ = std::move(check); }
   static constexpr double kPeerCheckSeconds = 0.2;
-  // For any wait on one peer (transports' handshakes too): wait until sliceOf(deadline), and
-  // when that fails go on only while checkPeer gives Ok. sliceOf: at most kPeerCheckSeconds on
-  // while a check is set. checkPeer: `waited` itself unless it is a slice's timeout before
-  // the whole deadline; then the peer check's verdict.
-  net::Deadline sliceOf(net::Deadline deadline) const;
+  // For any wait on one peer (transports' handshakes too): wait until sliceOf(peer, deadline),
+  // and when that fails go on only while checkPeer gives Ok. sliceOf: at most
+  // kPeerCheckSeconds on for a watched peer, the whole deadline otherwise. checkPeer: `waited`
+  // itself unless it is a slice's timeout with more than a slice of the deadline left; then
+  // the peer check's verdict.
+  net::Deadline sliceOf(int peer, net::Deadline deadline) const;
   Status checkPeer(int peer, net::Deadline deadline, const Status& waited) const;
 
  private:

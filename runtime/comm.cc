@@ -188,14 +188,16 @@ Status Comm::init(const wire::UniqueId& id) {
   // Link setup waits on single peers through the bootstrap: a peer process that exited
   // (killed, crashed, or failed before its links) ends the wait at once, by name, instead of
   // after TUTTI_BOOTSTRAP_TIMEOUT.
-  bootstrap_->setPeerCheck([this](int peer) {
+  auto watches = [this](int peer) {
+    return canWatchProcess(peers_[static_cast<size_t>(rank())], peers_[static_cast<size_t>(peer)]);
+  };
+  auto check = [this](int peer) {
     const PeerInfo& p = peers_[static_cast<size_t>(peer)];
-    if (!canWatchProcess(peers_[static_cast<size_t>(rank())], p) || processAlive(p.pid)) {
-      return Status::Ok();
-    }
+    if (processAlive(p.pid)) return Status::Ok();
     return remoteError("rank " + std::to_string(peer) + " (pid " + std::to_string(p.pid) +
                        ", same machine) exited");
-  });
+  };
+  bootstrap_->setPeerCheck({watches, check});
   logLayout();
   links_ = std::make_unique<Links>(*this);
   engine_ = std::make_unique<Engine>(*this);

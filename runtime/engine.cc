@@ -83,7 +83,7 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   rdLinks_.gatherTimed = crowded && !anyNet;  // tcp sends every way alike
   size_t rdDefault = anyNet ? 256 << 10 : 2 << 10, treeDefault = 0, flatDefault = 0;
   size_t flatGatherDefault = 0, rdGatherDefault = 0, treeGatherDefault = 0, stateBcastDefault = 0;
-  size_t gatherTuneDefault = 0, areaBcastDefault = 0;
+  size_t gatherTuneDefault = 0, areaBcastDefault = 0, areaGatherDefault = 0;
   if (crowded) {
     rdDefault = anyNet ? (comm.nranks() >= 8 ? 0 : 256 << 10) : 16 << 10;
     treeDefault = anyNet ? 256 << 10 : 128 << 10;
@@ -170,11 +170,21 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
     // 256 KiB 167 / 224 / 181; 2 MiB 1529 / 1850 / 1375; 4 MiB 3693 / 3521 / 2561; 16 MiB
     // 13732 / 12936 / 11079. So from 4 KiB (cells carry up to 2 KiB at 64 steps ahead) to 4 MiB.
     // With 3 and 4 ranks the area won the fast state (4 ranks, 256 KiB: 27.5 / 46.5 / 53.3) but
-    // lost the slow one by 2-3x (2 MiB: 1155 / 608 / 1332; 3 ranks 1069 / 337 / 386), so it
-    // starts at 8 ranks, where it copies least against the chain. More slots barely helped (4
+    // lost the slow one by 2-3x (2 MiB: 1155 / 608 / 1332; 3 ranks 1069 / 337 / 386), so it is
+    // on at 8 ranks, where it was measured (5-7 and more than 8 were not; it also makes the
+    // n(n-1) flat links, for its waits' health checks and names). More slots barely helped (4
     // MiB with 16 / 32 / 64 slots of 128 KiB: 2242 / 2252 / 2102 fast): 16, 2 MiB per
     // communicator.
-    areaBcastDefault = anyNet || comm.nranks() < 8 ? 0 : 4 << 10;
+    areaBcastDefault = anyNet || comm.nranks() != 8 ? 0 : 4 << 10;
+    // All-gathers the same way, every rank's block in turn (the rounds pipeline through the
+    // slots as one broadcast whose root changes): n writes and n(n-1) reads, all memcpy. A
+    // survey of 8 ranks, medians, us (area / default before it / Open MPI), fast state,
+    // 98-115 runs each: 4 KiB 32.2 / 12.3 / 31.6; 32 KiB 37.6 / 20.8 / 78.8; 256 KiB 87.5 /
+    // 105.2 / 180.1; 2 MiB 839 / 1072 / 900; 16 MiB 9118 / 12542 / 12764; 64 MiB 37248 / 44389 /
+    // 55721; slow state, 10-20 runs: 32 KiB 55.3 / 46.4 / 111.7; 256 KiB 186 / 257 / 378; 2
+    // MiB 1445 / 2204 / 2343; 16 MiB 13322 / 17573 / 11592; 64 MiB 55717 / 73433 / 51550. So
+    // from 256 KiB (the flat exchange's last size) at 8 ranks.
+    areaGatherDefault = anyNet || comm.nranks() != 8 ? 0 : 256 << 10;
   }
   flatMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_FLAT_MAX_BYTES", int64_t(flatDefault)));
   flatGatherMaxBytes_ = static_cast<size_t>(
@@ -208,6 +218,9 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   areaBcastMinBytes_ = shmOnly("TUTTI_AREA_BROADCAST_MIN_BYTES", int64_t(areaBcastDefault));
   areaBcastMaxBytes_ =
       static_cast<size_t>(env::getInt("TUTTI_AREA_BROADCAST_MAX_BYTES", int64_t(4) << 20));
+  areaGatherMinBytes_ = shmOnly("TUTTI_AREA_ALLGATHER_MIN_BYTES", int64_t(areaGatherDefault));
+  areaGatherMaxBytes_ =
+      static_cast<size_t>(env::getInt("TUTTI_AREA_ALLGATHER_MAX_BYTES", int64_t(1) << 62));
   areaSlots_ = int(std::clamp<int64_t>(env::getInt("TUTTI_SHM_AREA_SLOTS", 16), 2, 1024));
   areaChunkBytes_ = size_t(std::clamp<int64_t>(env::getInt("TUTTI_SHM_AREA_CHUNK", 128 << 10), 4096,
                                                int64_t(64) << 20)) /
@@ -321,6 +334,8 @@ Status Engine::runCollective(const CollArgs& op) {
 
   OpState state(comm_, &op, seq, 0, timeoutS_);
   state.setSpinNs(spinNs_);
+  // Counted before any path is chosen, on every rank alike (see runAreaBroadcast).
+  if (op.kind == CollKind::kBroadcast || op.kind == CollKind::kAllGather) ++areaOps_;
   // More than two ranks, a small all-reduce: recursive doubling or the binomial tree (see the
   // constructor). (Two ranks over tcp have the pair exchange below, which skips recursive
   // doubling's local copy of the input.)
@@ -337,6 +352,10 @@ Status Engine::runCollective(const CollArgs& op) {
   const bool gatherTunable = op.kind == CollKind::kAllGather && n > 2 && (n & (n - 1)) == 0 &&
                              count > 0 && gatherTuneMinBytes_ != 0;
   const bool tuneGather = gatherTunable && total >= gatherTuneMinBytes_;
+  if (op.kind == CollKind::kAllGather && n > 2 && count > 0 && areaGatherMinBytes_ != 0 &&
+      total >= areaGatherMinBytes_ && total <= areaGatherMaxBytes_) {
+    return runAreaBroadcast(op, state);
+  }
   if (op.kind == CollKind::kAllGather && n > 2 && count > 0) {
     if (total <= flatGatherMaxBytes_) return runFlat(op, state);
     // The tree for the smaller sizes, doubling above (the all-reduce's order is the other way).
@@ -546,64 +565,82 @@ Status Engine::runFlat(const CollArgs& op, OpState& state) {
 
 Status Engine::ensureArea(OpState& state) {
   if (area_) return Status::Ok();
-  constexpr uint32_t kAreaTag = 0x4e000000u, kAreaAckTag = 0x4e000001u;
+  // Rank 0 names the segment to every rank (or says why it has none), collects each rank's
+  // word that it mapped it (or why not), unlinks it, and tells every rank the verdict: every
+  // rank uses the area or none does, and none waits on a rank that already gave up.
+  constexpr uint32_t kNameTag = 0x4e000000u, kAckTag = 0x4e000001u, kVerdictTag = 0x4e000002u;
   const int n = comm_.nranks(), r = comm_.rank();
   Bootstrap* b = comm_.bootstrap();
-  // What rank 0 tells the others: the segment's name, or why it has none.
-  struct Named {
+  struct Word {
     char name[64];
     char error[192];
     int32_t code;  // the error's Code
-  } m{};
+  };
+  auto wordOf = [](const Status& s) {
+    Word w{};
+    if (!s.ok()) {
+      snprintf(w.error, sizeof(w.error), "%s", s.message().c_str());
+      w.code = int32_t(s.code());
+    }
+    return w;
+  };
+  auto statusOf = [](Word& w, const std::string& who) {
+    w.error[sizeof(w.error) - 1] = 0;
+    return w.error[0] ? Status(Code(w.code), who + w.error) : Status::Ok();
+  };
   auto fail = [&](const Status& s) {
     return s.withContext("rank " + std::to_string(r) + ": " + state.what() +
                          ": setting up the shared broadcast area");
   };
   if (r == 0) {
     static std::atomic<uint32_t> counter{0};
-    snprintf(m.name, sizeof(m.name), "/tutti-%d-%08x-area%u", static_cast<int>(getpid()),
+    char name[64];
+    snprintf(name, sizeof(name), "/tutti-%d-%08x-area%u", static_cast<int>(getpid()),
              static_cast<unsigned>(comm_.commHash() & 0xffffffffu), counter.fetch_add(1));
     Result<std::unique_ptr<transport::ShmArea>> a =
-        transport::ShmArea::create(m.name, n, areaSlots_, areaChunkBytes_);
-    if (!a.ok()) {
-      snprintf(m.error, sizeof(m.error), "%s", a.status().message().c_str());
-      m.code = int32_t(a.status().code());
-    }
+        transport::ShmArea::create(name, n, areaSlots_, areaChunkBytes_);
+    Word named = wordOf(a.status());
+    snprintf(named.name, sizeof(named.name), "%s", name);
+    Status verdict = a.status();
+    std::vector<bool> told(size_t(n), false);
     for (int p = 1; p < n; ++p) {
-      Status s = b->send(p, kAreaTag, &m, sizeof(m));
-      if (!s.ok()) return fail(s);
+      Status s = b->send(p, kNameTag, &named, sizeof(named));
+      told[size_t(p)] = s.ok();
+      if (!s.ok() && verdict.ok()) verdict = s;
     }
-    if (!a.ok()) return fail(a.status());
-    // Unlinked once every rank has it mapped (or said it could not).
-    Status firstFailure;
-    for (int p = 1; p < n; ++p) {
-      Named ack{};
-      Status s = b->recv(p, kAreaAckTag, &ack, sizeof(ack));
-      if (!s.ok()) return fail(s);
-      if (ack.error[0] && firstFailure.ok()) {
-        ack.error[sizeof(ack.error) - 1] = 0;
-        firstFailure = Status(Code(ack.code), "rank " + std::to_string(p) + ": " + ack.error);
+    for (int p = 1; p < n && a.ok(); ++p) {
+      if (!told[size_t(p)]) continue;
+      Word ack{};
+      Status s = b->recv(p, kAckTag, &ack, sizeof(ack));
+      told[size_t(p)] = s.ok();  // it waits for the verdict
+      if (s.ok()) s = statusOf(ack, "rank " + std::to_string(p) + ": ");
+      if (!s.ok() && verdict.ok()) verdict = s;
+    }
+    if (a.ok()) a.value()->unlink();
+    if (a.ok()) {  // (a creation failure went out with the name: nobody waits for a verdict)
+      Word v = wordOf(verdict);
+      for (int p = 1; p < n; ++p) {
+        if (told[size_t(p)]) (void)b->send(p, kVerdictTag, &v, sizeof(v));
       }
     }
-    a.value()->unlink();
-    if (!firstFailure.ok()) return fail(firstFailure);
+    if (!verdict.ok()) return fail(verdict);
     area_ = a.take();
   } else {
-    Status s = b->recv(0, kAreaTag, &m, sizeof(m));
+    Word named{};
+    Status s = b->recv(0, kNameTag, &named, sizeof(named));
+    if (s.ok()) s = statusOf(named, "rank 0 could not make it: ");
     if (!s.ok()) return fail(s);
-    m.name[sizeof(m.name) - 1] = m.error[sizeof(m.error) - 1] = 0;
-    if (m.error[0])
-      return fail(Status(Code(m.code), std::string("rank 0 could not make it: ") + m.error));
+    named.name[sizeof(named.name) - 1] = 0;
     Result<std::unique_ptr<transport::ShmArea>> a =
-        transport::ShmArea::open(m.name, n, areaSlots_, areaChunkBytes_);
-    Named ack{};
-    if (!a.ok()) {
-      snprintf(ack.error, sizeof(ack.error), "%s", a.status().message().c_str());
-      ack.code = int32_t(a.status().code());
-    }
-    s = b->send(0, kAreaAckTag, &ack, sizeof(ack));
+        transport::ShmArea::open(named.name, n, areaSlots_, areaChunkBytes_);
+    Word ack = wordOf(a.status());
+    s = b->send(0, kAckTag, &ack, sizeof(ack));
+    if (!s.ok()) return fail(a.ok() ? s : a.status());
+    Word verdict{};
+    Status v = b->recv(0, kVerdictTag, &verdict, sizeof(verdict));  // taken even after a failure
     if (!a.ok()) return fail(a.status());
-    if (!s.ok()) return fail(s);
+    if (v.ok()) v = statusOf(verdict, "rank 0: ");
+    if (!v.ok()) return fail(v);
     area_ = a.take();
   }
   TUTTI_INFO(log::kInit, "rank %d: shared broadcast area: %d slots of %zu bytes", r, areaSlots_,
@@ -616,12 +653,25 @@ Status Engine::runAreaBroadcast(const CollArgs& op, OpState& state) {
   if (s.ok()) s = ensureArea(state);
   if (!s.ok()) return s;
   const size_t bytes = op.count * dtypeSize(op.dtype);
-  {
-    Waiter w(&state);
-    cpu::runAreaBroadcast(op, bytes, comm_.rank(), comm_.nranks(), *area_, areaNext_, flatLinks_,
-                          &w);
+  const uint64_t chunks = (bytes + areaChunkBytes_ - 1) / areaChunkBytes_;
+  Waiter w(&state);
+  if (op.kind == CollKind::kBroadcast) {
+    cpu::runAreaBroadcast(op, bytes, comm_.rank(), comm_.nranks(), *area_, areaNext_, areaOps_,
+                          flatLinks_, &w);
+    areaNext_ += chunks;
+    return state.status();
   }
-  areaNext_ += (bytes + areaChunkBytes_ - 1) / areaChunkBytes_;
+  // An all-gather: every rank's block broadcast in turn, rank 0's first. The rounds pipeline
+  // through the slots like one long broadcast whose root changes.
+  for (int k = 0; k < comm_.nranks() && !state.failed(); ++k) {
+    CollArgs round = op;
+    round.kind = CollKind::kBroadcast;
+    round.root = k;
+    round.recv = static_cast<uint8_t*>(op.recv) + size_t(k) * bytes;
+    cpu::runAreaBroadcast(round, bytes, comm_.rank(), comm_.nranks(), *area_, areaNext_, areaOps_,
+                          flatLinks_, &w);
+    areaNext_ += chunks;
+  }
   return state.status();
 }
 

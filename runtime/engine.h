@@ -94,10 +94,13 @@ class Engine {
   bool flatByState_ = false;   // the root's last choice (flatBroadcastNow)
   size_t areaBcastMinBytes_;   // broadcasts of 3+ ranks on one host over shm in this range go
   size_t areaBcastMaxBytes_;   // through the shared area (0: never)
+  size_t areaGatherMinBytes_;  // all-gathers (totals) the same way
+  size_t areaGatherMaxBytes_;
   int areaSlots_;
   size_t areaChunkBytes_;
   std::unique_ptr<transport::ShmArea> area_;
   uint64_t areaNext_ = 0;  // chunks this communicator's area has carried (alike on every rank)
+  uint64_t areaOps_ = 0;   // broadcasts and all-gathers called so far (alike on every rank)
   uint32_t flatSinceVerdict_ = 0;
   int64_t spinNs_;  // how long a wait busy-polls before yielding (0 when oversubscribed)
   std::mutex mu_;   // one group at a time per communicator

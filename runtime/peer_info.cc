@@ -27,7 +27,8 @@ uint64_t fnv1a(const void* data, size_t size, uint64_t seed) {
 }
 
 bool canWatchProcess(const PeerInfo& me, const PeerInfo& p) {
-  return p.pid != me.pid && p.pidNs == me.pidNs && me.pidNs != 0 && p.machineHash == me.machineHash;
+  return p.pid != me.pid && p.pidNs == me.pidNs && me.pidNs != 0 && me.bootIdKnown &&
+         p.bootIdKnown && p.machineHash == me.machineHash;
 }
 
 bool processAlive(int64_t pid) {
@@ -108,6 +109,12 @@ PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr
   }
   p.hostHash = localHostHash();
   p.machineHash = localMachineHash();
+  {
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::string bootId;
+    boot >> bootId;
+    p.bootIdKnown = !bootId.empty();
+  }
   snprintf(p.busId, sizeof(p.busId), "%s", cuda::busId(cudaDev).c_str());
   snprintf(p.hostname, sizeof(p.hostname), "%s", localHostname().c_str());
   p.bootstrapAddr = wire::fromSockAddr(bootstrapAddr);

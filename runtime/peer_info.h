@@ -13,8 +13,8 @@ struct PeerInfo {
   int32_t rank;
   int32_t cudaDev;  // -1: a CPU rank
   int64_t pid;
-  int32_t cpus;  // hardware threads this process may run on
-  int32_t reserved;
+  int32_t cpus;         // hardware threads this process may run on
+  int32_t bootIdKnown;  // 1 when machineHash comes from a boot id (0: it tells nothing)
   uint64_t pidNs;
   // The running kernel (boot id): ranks that share CPUs even across namespaces.
   uint64_t machineHash;  // pid namespace inode: pids mean the same thing only within one
@@ -42,6 +42,7 @@ int machineCpus(const PeerInfo* peers, size_t n, uint64_t machineHash);
 
 // Whether this process can tell by pid if p's process is alive: another process of the same
 // kernel and pid namespace (pids mean nothing across either).
+// Hosts whose boot id cannot be read all hash alike, so without one nobody is watched.
 bool canWatchProcess(const PeerInfo& me, const PeerInfo& p);
 // Whether process pid exists and is not a zombie its parent has yet to reap.
 bool processAlive(int64_t pid);

@@ -10,7 +10,7 @@
 namespace tutti::cpu {
 
 void runAreaBroadcast(const CollArgs& op, size_t bytes, int rank, int n, transport::ShmArea& area,
-                      uint64_t first, const FlatLinks& links, Waiter* w) {
+                      uint64_t first, uint64_t opNumber, const FlatLinks& links, Waiter* w) {
   const size_t chunk = area.chunkBytes();
   const uint64_t chunks = (bytes + chunk - 1) / chunk, slots = uint64_t(area.slots());
   const int root = op.root;
@@ -44,6 +44,7 @@ void runAreaBroadcast(const CollArgs& op, size_t bytes, int rank, int n, transpo
       transport::ShmArea::SlotLine& line = area.slotLine(c);
       line.totalBytes.store(bytes, std::memory_order_relaxed);
       line.root.store(root, std::memory_order_relaxed);
+      line.op.store(opNumber, std::memory_order_relaxed);
       written.store(c + 1, std::memory_order_release);
       mine.store(c + 1, std::memory_order_release);
     }
@@ -62,6 +63,17 @@ void runAreaBroadcast(const CollArgs& op, size_t bytes, int rank, int n, transpo
     transport::ShmArea::SlotLine& line = area.slotLine(c);
     const uint64_t theirBytes = line.totalBytes.load(std::memory_order_relaxed);
     const int64_t theirRoot = line.root.load(std::memory_order_relaxed);
+    const uint64_t theirOp = line.op.load(std::memory_order_relaxed);
+    if (theirOp != opNumber) {
+      // Ranks that called different sizes can take different paths (the area is chosen by
+      // size): this rank waited in the area while the others went another way, and a later
+      // call's chunk turned up.
+      return failMismatch(w, "rank " + std::to_string(rank) + ": the shared area holds rank " +
+                                 std::to_string(theirRoot) + "'s broadcast or all-gather number " +
+                                 std::to_string(theirOp) + " where this rank is at number " +
+                                 std::to_string(opNumber) + " (" + std::to_string(bytes) +
+                                 " bytes from rank " + std::to_string(root) + ")");
+    }
     if (theirBytes != bytes || theirRoot != root) {
       return failMismatch(w, "rank " + std::to_string(rank) + ": rank " +
                                  std::to_string(theirRoot) + " broadcasts " +

@@ -62,9 +62,12 @@ void runFlatAllGather(const CollArgs& op, size_t bytes, int rank, int nranks,
 void runFlatBroadcast(const CollArgs& op, size_t bytes, int rank, int nranks,
                       const FlatLinks& links, Waiter* w);
 // The broadcast through the host's shared area (transports/shm/area.h): chunks first,
-// first + 1, ... of the area's count; the flat links name the peer a wait is for.
+// first + 1, ... of the area's count; opNumber: the call's place among the communicator's
+// broadcasts and all-gathers (readers check it, and the root and size); the flat links name
+// the peer a wait is for.
 void runAreaBroadcast(const CollArgs& op, size_t bytes, int rank, int nranks,
-                      transport::ShmArea& area, uint64_t first, const FlatLinks& links, Waiter* w);
+                      transport::ShmArea& area, uint64_t first, uint64_t opNumber,
+                      const FlatLinks& links, Waiter* w);
 // The way an operation goes, as `root` chose it (`way`, 0 or 1; ignored elsewhere), passed
 // down the ring chain: the root sends a marker (transport::kWaySlot) with its byte count and
 // the way to the next rank, each rank passes it on before it starts. A rank expecting another

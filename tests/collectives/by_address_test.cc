@@ -94,14 +94,16 @@ TEST(FlatBroadcast, ChunksByAddressOrThroughSlotsAreExactAndACountMismatchFails)
   }
 }
 
-// The broadcast through the shared area (transports/shm/area.h), with slots of 4 KiB and 4 of
-// them so that every broadcast wraps the area several times and ends in a part chunk. Roots
+// The broadcast and the all-gather through the shared area (transports/shm/area.h), with
+// slots of 4 KiB and 4 of them so that every broadcast wraps the area several times and ends
+// in a part chunk. Roots
 // change from one broadcast to the next (the area's chunk count runs on across them), other
 // collectives run in between, in place or not, 3 and 4 ranks. A rank that disagrees on the
 // count fails naming both sizes and none hangs; nothing stays in /dev/shm.
 TEST(AreaBroadcast, WrappedChunksChangingRootsAndACountMismatch) {
   ScopedEnv shm("NCCL_SHM_DISABLE", "0");
   ScopedEnv area("TUTTI_AREA_BROADCAST_MIN_BYTES", "1");
+  ScopedEnv areaGather("TUTTI_AREA_ALLGATHER_MIN_BYTES", "1");
   ScopedEnv chunk("TUTTI_SHM_AREA_CHUNK", "4096");
   ScopedEnv slots("TUTTI_SHM_AREA_SLOTS", "4");
   ScopedEnv timeout("TUTTI_TIMEOUT", "20");
@@ -131,6 +133,21 @@ TEST(AreaBroadcast, WrappedChunksChangingRootsAndACountMismatch) {
         float one = 1.0f, sum = 0.0f;  // another path between broadcasts
         ASSERT_EQ(ncclAllReduce(&one, &sum, 1, ncclFloat, ncclSum, c, nullptr), ncclSuccess);
         ASSERT_EQ(sum, float(n));
+        // An all-gather through the area: every rank's block broadcast in turn.
+        for (bool inPlace : {false, true}) {
+          std::vector<uint8_t> all(count * size_t(n), 0), mine(count);
+          for (size_t i = 0; i < count; ++i) mine[i] = value(i, r, count);
+          uint8_t* in = inPlace ? all.data() + size_t(r) * count : mine.data();
+          if (inPlace) std::copy(mine.begin(), mine.end(), in);
+          ASSERT_EQ(ncclAllGather(in, all.data(), count, ncclUint8, c, nullptr), ncclSuccess)
+              << ncclGetLastError(c);
+          for (int k = 0; k < n; ++k) {
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(all[size_t(k) * count + i], value(i, k, count))
+                  << "rank " << r << " block " << k << " in place " << inPlace << " at " << i;
+            }
+          }
+        }
       }
     });
     EXPECT_EQ(leftoverShmSegments(), 0);
@@ -182,6 +199,30 @@ TEST(AreaBroadcast, WrappedChunksChangingRootsAndACountMismatch) {
       }
     }
     EXPECT_EQ(claimedSecond, 1);
+    for (auto& c : comms) ncclCommAbort(c);
+    // Sizes on both sides of the area's threshold: the last rank takes the area for 4 KiB
+    // while the others run their 2 KiB by the ring chain, then all broadcast 4 KiB through
+    // the area. The last rank meets that second call's chunk, fails naming both numbers, and
+    // does not return it as its first call's bytes.
+    ScopedEnv areaFrom("TUTTI_AREA_BROADCAST_MIN_BYTES", "4096");
+    comms = initThreads(n);
+    std::vector<int> bad(size_t(n), 0);
+    auto [rc3, msg3] = runMismatched(comms, [&](int r, ncclComm_t c) {
+      std::vector<uint8_t> buf(4096);
+      for (size_t call = r == n - 1 ? 1 : 0; call < 2; ++call) {
+        const size_t bytes = call == 0 ? 2048 : 4096;
+        for (size_t i = 0; i < bytes; ++i) buf[i] = r == 0 ? value(i, 0, bytes) : 0;
+        const ncclResult_t res =
+            ncclBroadcast(buf.data(), buf.data(), bytes, ncclUint8, 0, c, nullptr);
+        if (res != ncclSuccess) return res;
+        for (size_t i = 0; i < bytes; ++i) bad[size_t(r)] += buf[i] != value(i, 0, bytes);
+      }
+      return ncclSuccess;
+    });
+    EXPECT_EQ(rc3[size_t(n - 1)], ncclInvalidUsage);
+    EXPECT_NE(msg3[size_t(n - 1)].find("where this rank is at number"), std::string::npos)
+        << msg3[size_t(n - 1)];
+    for (int r = 0; r < n; ++r) EXPECT_EQ(bad[size_t(r)], 0) << "rank " << r;
     for (auto& c : comms) ncclCommAbort(c);
   }
 }

@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "areamismatch") {  // every rank fails the broadcast, none hangs
     std::vector<char> buf(1 << 16, 1);
-    ncclResult_t r = ncclBroadcast(buf.data(), buf.data(), buf.size(), ncclChar, 0, comm, nullptr);
+    ncclResult_t r = ncclBroadcast(buf.data(), buf.data(), buf.size(), ncclChar, 2, comm, nullptr);
     printf("areamismatch: %s: %s\n", ncclGetErrorString(r), ncclGetLastError(comm));
     fflush(stdout);
     ncclCommAbort(comm);
@@ -138,6 +138,8 @@ int main(int argc, char** argv) {
         ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
     printf("survivor: %s: %s\n", ncclGetErrorString(r), ncclGetLastError(comm));
     fflush(stdout);
+    // Alive a while longer, so that the other survivor meets rank 1's exit and not this one's.
+    sleep(2);
     ncclCommAbort(comm);
     return r == ncclRemoteError ? 0 : 1;
   }

@@ -134,8 +134,9 @@ TEST_P(ProcessMatrix, EveryCollectiveMatchesTheOracle) {
       // whose minimum is 1 MiB: each receiver goes by its sender's minimum, not its own.
       (s.nranks == 3 ? " NCCL_MIN_NCHANNELS=2 TUTTI_SHM_SINGLE_COPY=1 TUTTI_SHM_SINGLE_COPY_MIN=256"
                      : "") +
-      // 3 processes: every broadcast through the shared area, in 4 KiB slots, 4 of them.
-      (s.nranks == 3 ? " TUTTI_AREA_BROADCAST_MIN_BYTES=1 TUTTI_SHM_AREA_CHUNK=4096"
+      // 3 processes: every broadcast and all-gather through the shared area, in 4 KiB slots.
+      (s.nranks == 3 ? " TUTTI_AREA_BROADCAST_MIN_BYTES=1 TUTTI_AREA_ALLGATHER_MIN_BYTES=1"
+                       " TUTTI_SHM_AREA_CHUNK=4096"
                        " TUTTI_SHM_AREA_SLOTS=4"
                      : "") +
       // 8 processes: adaptive single copy told that every slot copy is slow, so that each

@@ -61,7 +61,7 @@ Result<std::unique_ptr<ShmArea>> ShmArea::open(const std::string& name, int nran
   void* base = fstat(fd, &st) != 0 || size_t(st.st_size) < sizeof(Head)
                    ? MAP_FAILED
                    : mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
+  const int err = base == MAP_FAILED && size_t(st.st_size) < sizeof(Head) ? EINVAL : errno;
   close(fd);
   if (base == MAP_FAILED) return errnoStatus("shm: mapping broadcast area " + name, err);
   std::unique_ptr<ShmArea> a(

@@ -10,7 +10,8 @@
 //   line 1: written -- chunks ever published into the area (by whichever rank was root)
 //   line 2: claimed -- chunks ever claimed by a root: each root claims its range at once, so
 //           two ranks that both think they are the root cannot both write (the second fails)
-//   then one line per slot: the operation's total bytes and root, for the readers to check
+//   then one line per slot: the operation's total bytes, root and number (its place among the
+//   communicator's broadcasts and all-gathers), for the readers to check
 //   then one line per rank: done -- chunks that rank has finished with
 //   then `slots` slots of `chunk` bytes, page aligned.
 // Chunk c goes into slot c % slots. Every rank counts chunks alike (all call the same
@@ -35,6 +36,7 @@ class ShmArea {
   struct SlotLine {
     std::atomic<uint64_t> totalBytes;
     std::atomic<int64_t> root;
+    std::atomic<uint64_t> op;  // which broadcast or all-gather of the communicator wrote it
   };
   // Rank 0: makes the segment (name: "/tutti-<pid>-..." like the links' segments).
   static Result<std::unique_ptr<ShmArea>> create(const std::string& name, int nranks, int slots,

@@ -420,7 +420,8 @@ class TcpTransport : public Transport {
       }
       if (have == nsocks_) break;
       Bootstrap* b = comm_.bootstrap();
-      Result<Acceptor::Accepted> a = acceptor_->next(b->sliceOf(deadline), comm_.abortFlag());
+      Result<Acceptor::Accepted> a =
+          acceptor_->next(b->sliceOf(want.peer, deadline), comm_.abortFlag());
       if (!a.ok()) {
         Status st = b->checkPeer(want.peer, deadline, a.status());
         if (st.ok()) continue;
@@ -454,14 +455,15 @@ class TcpTransport : public Transport {
     std::vector<net::Socket> socks;
     for (uint32_t i = 0; i < d.nsocks; ++i) {
       Bootstrap* b = comm_.bootstrap();
-      Result<net::Socket> s = net::Socket::connect(addr, b->sliceOf(deadline), comm_.abortFlag());
+      Result<net::Socket> s =
+          net::Socket::connect(addr, b->sliceOf(spec.peer, deadline), comm_.abortFlag());
       while (!s.ok()) {
         Status st = b->checkPeer(spec.peer, deadline, s.status());
         if (!st.ok()) {
           return st.withContext("tcp: connecting to " + peerName(spec.peer) + " at " +
                                 addr.toString());
         }
-        s = net::Socket::connect(addr, b->sliceOf(deadline), comm_.abortFlag());
+        s = net::Socket::connect(addr, b->sliceOf(spec.peer, deadline), comm_.abortFlag());
       }
       wire::Hello h{};
       h.magic = wire::kHelloMagic;
