@@ -224,7 +224,7 @@ Status Bootstrap::recv(int peer, uint32_t tag, void* data, size_t size) {
         deadline = std::min(deadline, net::deadlineAfter(kPeerCheckSeconds));
         continue;
       }
-      if (!gone.ok()) st = gone;
+      if (!gone.ok() && st.code() == Code::kTimeout) st = gone;
       return Status(st.code(), "rank " + std::to_string(rank_) +
                                    ": no bootstrap message from rank " + std::to_string(peer) +
                                    " (tag " + std::to_string(tag) + "): " + st.message());

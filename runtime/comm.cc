@@ -193,7 +193,9 @@ Status Comm::init(const wire::UniqueId& id) {
   };
   auto check = [this](int peer) {
     const PeerInfo& p = peers_[static_cast<size_t>(peer)];
-    if (processAlive(p.pid)) return Status::Ok();
+    if (!canWatchProcess(peers_[static_cast<size_t>(rank())], p) || processAlive(p.pid)) {
+      return Status::Ok();
+    }
     return remoteError("rank " + std::to_string(peer) + " (pid " + std::to_string(p.pid) +
                        ", same machine) exited");
   };

@@ -573,7 +573,7 @@ Status Engine::ensureArea(OpState& state) {
   Bootstrap* b = comm_.bootstrap();
   struct Word {
     char name[64];
-    char error[192];
+    char error[512];
     int32_t code;  // the error's Code
   };
   auto wordOf = [](const Status& s) {

@@ -76,7 +76,7 @@ void runAreaBroadcast(const CollArgs& op, size_t bytes, int rank, int n, transpo
     }
     if (theirBytes != bytes || theirRoot != root) {
       return failMismatch(w, "rank " + std::to_string(rank) + ": rank " +
-                                 std::to_string(theirRoot) + " broadcasts " +
+                                 std::to_string(theirRoot) + " sends " +
                                  std::to_string(theirBytes) + " bytes where this rank expects " +
                                  std::to_string(bytes) + " from rank " + std::to_string(root));
     }

@@ -167,7 +167,7 @@ TEST(AreaBroadcast, WrappedChunksChangingRootsAndACountMismatch) {
       return res;
     });
     EXPECT_EQ(rc[size_t(n - 1)], ncclInvalidUsage);
-    EXPECT_NE(msg[size_t(n - 1)].find("rank 1 broadcasts 16384 bytes where this rank expects 8192"),
+    EXPECT_NE(msg[size_t(n - 1)].find("rank 1 sends 16384 bytes where this rank expects 8192"),
               std::string::npos)
         << msg[size_t(n - 1)];
     for (int r = 0; r < n; ++r) EXPECT_EQ(wrong[size_t(r)], 0) << "rank " << r;
@@ -203,7 +203,8 @@ TEST(AreaBroadcast, WrappedChunksChangingRootsAndACountMismatch) {
     // Sizes on both sides of the area's threshold: the last rank takes the area for 4 KiB
     // while the others run their 2 KiB by the ring chain, then all broadcast 4 KiB through
     // the area. The last rank meets that second call's chunk, fails naming both numbers, and
-    // does not return it as its first call's bytes.
+    // does not return it as its first call's bytes. (The others' 2 KiB chain needs nothing
+    // from the last rank: it is the chain's end, and the FIFO into it has room.)
     ScopedEnv areaFrom("TUTTI_AREA_BROADCAST_MIN_BYTES", "4096");
     comms = initThreads(n);
     std::vector<int> bad(size_t(n), 0);

@@ -103,11 +103,12 @@ TEST_P(Matrix, EveryCollectiveMatchesTheOracle) {
   // 5 ranks over shm: every broadcast and all-gather through the shared area, in 4 KiB slots,
   // 4 of them.
   const bool area = std::string(s.transport) == "shm" && s.nranks == 5;
-  // (8 ranks crowded on this machine's cores take the shared area for broadcasts by default:
-  // the one-channel run keeps the flat broadcast above, the two-channel one the default.)
+  // (8 ranks crowded on this machine's cores take the shared area for broadcasts and big
+  // all-gathers by default: the one-channel run keeps the other paths, the two-channel one
+  // the default.)
   const bool areaOff = single && s.nranks == 8 && s.minChannels == 1;
   ScopedEnv areaMin("TUTTI_AREA_BROADCAST_MIN_BYTES", area ? "1" : areaOff ? "0" : nullptr);
-  ScopedEnv areaGather("TUTTI_AREA_ALLGATHER_MIN_BYTES", area ? "1" : nullptr);
+  ScopedEnv areaGather("TUTTI_AREA_ALLGATHER_MIN_BYTES", area ? "1" : areaOff ? "0" : nullptr);
   ScopedEnv areaChunk("TUTTI_SHM_AREA_CHUNK", area ? "4096" : nullptr);
   ScopedEnv areaSlots("TUTTI_SHM_AREA_SLOTS", area ? "4" : nullptr);
   std::vector<ncclComm_t> comms = initThreads(s.nranks);

@@ -58,10 +58,10 @@ Result<std::unique_ptr<ShmArea>> ShmArea::open(const std::string& name, int nran
   if (fd < 0) return errnoStatus("shm: shm_open " + name, errno);
   // Mapped as it is (never past its end), then checked against what this rank expects.
   struct stat st {};
-  void* base = fstat(fd, &st) != 0 || size_t(st.st_size) < sizeof(Head)
-                   ? MAP_FAILED
+  int err = fstat(fd, &st) != 0 ? errno : size_t(st.st_size) < sizeof(Head) ? EINVAL : 0;
+  void* base = err ? MAP_FAILED
                    : mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = base == MAP_FAILED && size_t(st.st_size) < sizeof(Head) ? EINVAL : errno;
+  if (!err && base == MAP_FAILED) err = errno;
   close(fd);
   if (base == MAP_FAILED) return errnoStatus("shm: mapping broadcast area " + name, err);
   std::unique_ptr<ShmArea> a(

@@ -19,6 +19,9 @@
 // copies, sets the slot's line, then written = c + 1 and its own done = c + 1; a reader waits
 // for written >= c + 1, copies out, then sets done = c + 1. Roots change from one broadcast to
 // the next: a new root was a reader of the previous chunk, so written cannot move under it.
+// The slot's operation number protects a rank that waits in the area while the others took
+// another path (ranks that called sizes on both sides of the area's threshold); as with every
+// size threshold, the ranks on the other path are not protected by it.
 #pragma once
 
 #include <atomic>

@@ -631,7 +631,9 @@ class ShmTransport : public Transport {
            got == d.probeValue;
   }
   bool checkPid(const PeerInfo& p) const {
-    return canWatchProcess(comm_.peers()[static_cast<size_t>(comm_.rank())], p);
+    // (Not canWatchProcess: an shm link already proves one kernel, boot id or not.)
+    const PeerInfo& me = comm_.peers()[static_cast<size_t>(comm_.rank())];
+    return p.pid != me.pid && p.pidNs == me.pidNs && me.pidNs != 0;
   }
   Comm& comm_;
   bool singleCopy_, adaptive_;
