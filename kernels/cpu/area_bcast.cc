@@ -24,8 +24,9 @@ void runAreaBroadcast(const CollArgs& op, size_t bytes, int rank, int n, transpo
                                                               std::memory_order_acq_rel)) {
       return failMismatch(w, "rank " + std::to_string(rank) +
                                  ": another rank broadcasts as root into the shared area at "
-                                 "the same time (its chunks " +
-                                 std::to_string(first) + "-" + std::to_string(expect) + ")");
+                                 "the same time (it claimed the area's chunks up to " +
+                                 std::to_string(expect) + "; this rank's start at " +
+                                 std::to_string(first) + ")");
     }
     for (uint64_t k = 0; k < chunks && !w->failed(); ++k) {
       const uint64_t c = first + k;

@@ -15,13 +15,14 @@
 //   then one line per rank: done -- chunks that rank has finished with
 //   then `slots` slots of `chunk` bytes, page aligned.
 // Chunk c goes into slot c % slots. Every rank counts chunks alike (all call the same
-// broadcasts), so the root of chunk c waits until every other rank's done >= c + 1 - slots,
-// copies, sets the slot's line, then written = c + 1 and its own done = c + 1; a reader waits
-// for written >= c + 1, copies out, then sets done = c + 1. Roots change from one broadcast to
-// the next: a new root was a reader of the previous chunk, so written cannot move under it.
-// The slot's operation number protects a rank that waits in the area while the others took
-// another path (ranks that called sizes on both sides of the area's threshold); as with every
-// size threshold, the ranks on the other path are not protected by it.
+// broadcasts and all-gathers; an all-gather is every rank's block broadcast in turn), so the root
+// of chunk c waits until every other rank's done >= c + 1 - slots, copies, sets the slot's line,
+// then written = c + 1 and its own done = c + 1; a reader waits for written >= c + 1, copies out,
+// then sets done = c + 1. Roots change from one broadcast to the next: a new root was a reader of
+// the previous chunk, so written cannot move under it. The slot's operation number protects a rank
+// that waits in the area while the others took another path (ranks that called sizes on both sides
+// of the area's threshold); as with every size threshold, the ranks on the other path are not
+// protected by it.
 #pragma once
 
 #include <atomic>
@@ -29,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "runtime/status.h"
 
