@@ -179,14 +179,10 @@ Status Bootstrap::barrier() {
 Status Bootstrap::send(int peer, uint32_t tag, const void* data, size_t size) {
   if (peer < 0 || peer >= nranks_) return invalidArgument("bootstrap send to bad peer");
   net::Deadline deadline = net::deadlineAfter(timeoutS_);
-  Result<net::Socket> s = net::Socket::connect(peerAddr(peer), sliceOf(peer, deadline), abort_);
-  while (!s.ok()) {
-    Status st = checkPeer(peer, deadline, s.status());
-    if (!st.ok()) {
-      return st.withContext("rank " + std::to_string(rank_) + ": bootstrap send to rank " +
-                            std::to_string(peer));
-    }
-    s = net::Socket::connect(peerAddr(peer), sliceOf(peer, deadline), abort_);
+  Result<net::Socket> s = connectTo(peer, peerAddr(peer), deadline, abort_);
+  if (!s.ok()) {
+    return s.status().withContext("rank " + std::to_string(rank_) + ": bootstrap send to rank " +
+                                  std::to_string(peer));
   }
   wire::Hello h = hello(wire::HelloKind::kP2p);
   h.tag = tag;
@@ -241,6 +237,17 @@ Status Bootstrap::recv(int peer, uint32_t tag, void* data, size_t size) {
 net::Deadline Bootstrap::sliceOf(int peer, net::Deadline deadline) const {
   if (!peerCheck_.watches || !peerCheck_.watches(peer)) return deadline;
   return std::min(deadline, net::deadlineAfter(kPeerCheckSeconds));
+}
+
+Result<net::Socket> Bootstrap::connectTo(int peer, const net::SockAddr& addr,
+                                         net::Deadline deadline,
+                                         const std::atomic<bool>* abort) const {
+  while (true) {
+    Result<net::Socket> s = net::Socket::connect(addr, sliceOf(peer, deadline), abort);
+    if (s.ok()) return s;
+    Status st = checkPeer(peer, deadline, s.status());
+    if (!st.ok()) return st;
+  }
 }
 
 Status Bootstrap::checkPeer(int peer, net::Deadline deadline, const Status& waited) const {

@@ -54,6 +54,9 @@ class Bootstrap {
   // the peer check's verdict.
   net::Deadline sliceOf(int peer, net::Deadline deadline) const;
   Status checkPeer(int peer, net::Deadline deadline, const Status& waited) const;
+  // Connects to addr (peer's listener), in slices as above.
+  Result<net::Socket> connectTo(int peer, const net::SockAddr& addr, net::Deadline deadline,
+                                const std::atomic<bool>* abort) const;
 
  private:
   Bootstrap(int rank, int nranks, uint64_t secret, const std::atomic<bool>* abort, double timeoutS);

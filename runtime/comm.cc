@@ -191,11 +191,9 @@ Status Comm::init(const wire::UniqueId& id) {
   auto watches = [this](int peer) {
     return canWatchProcess(peers_[static_cast<size_t>(rank())], peers_[static_cast<size_t>(peer)]);
   };
-  auto check = [this](int peer) {
+  auto check = [this, watches](int peer) {
     const PeerInfo& p = peers_[static_cast<size_t>(peer)];
-    if (!canWatchProcess(peers_[static_cast<size_t>(rank())], p) || processAlive(p.pid)) {
-      return Status::Ok();
-    }
+    if (!watches(peer) || processAlive(p.pid)) return Status::Ok();
     return remoteError("rank " + std::to_string(peer) + " (pid " + std::to_string(p.pid) +
                        ", same machine) exited");
   };

@@ -50,11 +50,19 @@ std::string localHostname() {
   return name;
 }
 
-uint64_t localMachineHash() {
+namespace {
+// The running kernel's boot id, "" where it cannot be read.
+std::string bootId() {
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string bootId;
-  boot >> bootId;
-  return fnv1a(bootId.data(), bootId.size());
+  std::string id;
+  boot >> id;
+  return id;
+}
+}  // namespace
+
+uint64_t localMachineHash() {
+  const std::string id = bootId();
+  return fnv1a(id.data(), id.size());
 }
 
 uint64_t localHostHash() {
@@ -63,9 +71,7 @@ uint64_t localHostHash() {
     key = *id;
   } else {
     key = localHostname();
-    std::ifstream boot("/proc/sys/kernel/random/boot_id");
-    std::string bootId;
-    if (boot >> bootId) key += "/" + bootId;
+    if (const std::string id = bootId(); !id.empty()) key += "/" + id;
     struct stat st {};
     if (stat("/proc/self/ns/net", &st) == 0) key += "/netns" + std::to_string(st.st_ino);
   }
@@ -109,12 +115,7 @@ PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr
   }
   p.hostHash = localHostHash();
   p.machineHash = localMachineHash();
-  {
-    std::ifstream boot("/proc/sys/kernel/random/boot_id");
-    std::string bootId;
-    boot >> bootId;
-    p.bootIdKnown = !bootId.empty();
-  }
+  p.bootIdKnown = !bootId().empty();
   snprintf(p.busId, sizeof(p.busId), "%s", cuda::busId(cudaDev).c_str());
   snprintf(p.hostname, sizeof(p.hostname), "%s", localHostname().c_str());
   p.bootstrapAddr = wire::fromSockAddr(bootstrapAddr);

@@ -454,16 +454,11 @@ class TcpTransport : public Transport {
     net::Deadline deadline = net::deadlineAfter(comm_.bootstrap()->timeoutSeconds());
     std::vector<net::Socket> socks;
     for (uint32_t i = 0; i < d.nsocks; ++i) {
-      Bootstrap* b = comm_.bootstrap();
       Result<net::Socket> s =
-          net::Socket::connect(addr, b->sliceOf(spec.peer, deadline), comm_.abortFlag());
-      while (!s.ok()) {
-        Status st = b->checkPeer(spec.peer, deadline, s.status());
-        if (!st.ok()) {
-          return st.withContext("tcp: connecting to " + peerName(spec.peer) + " at " +
-                                addr.toString());
-        }
-        s = net::Socket::connect(addr, b->sliceOf(spec.peer, deadline), comm_.abortFlag());
+          comm_.bootstrap()->connectTo(spec.peer, addr, deadline, comm_.abortFlag());
+      if (!s.ok()) {
+        return s.status().withContext("tcp: connecting to " + peerName(spec.peer) + " at " +
+                                      addr.toString());
       }
       wire::Hello h{};
       h.magic = wire::kHelloMagic;
