@@ -134,9 +134,10 @@ TEST_P(ProcessMatrix, EveryCollectiveMatchesTheOracle) {
       // whose minimum is 1 MiB: each receiver goes by its sender's minimum, not its own.
       (s.nranks == 3 ? " NCCL_MIN_NCHANNELS=2 TUTTI_SHM_SINGLE_COPY=1 TUTTI_SHM_SINGLE_COPY_MIN=256"
                      : "") +
-      // 3 processes: every broadcast and all-gather through the shared area, in 4 KiB slots.
-      (s.nranks == 3 ? " TUTTI_AREA_BROADCAST_MIN_BYTES=1 TUTTI_AREA_ALLGATHER_MIN_BYTES=1"
-                       " TUTTI_SHM_AREA_CHUNK=4096"
+      // 4 processes: two channels, and every broadcast and all-gather through the shared
+      // area, in 4 KiB slots (4 of them, so that every call from 16 KiB wraps the area).
+      (s.nranks == 4 ? " NCCL_MIN_NCHANNELS=2 TUTTI_AREA_BROADCAST_MIN_BYTES=1"
+                       " TUTTI_AREA_ALLGATHER_MIN_BYTES=1 TUTTI_SHM_AREA_CHUNK=4096"
                        " TUTTI_SHM_AREA_SLOTS=4"
                      : "") +
       // 8 processes: adaptive single copy told that every slot copy is slow, so that each
@@ -171,8 +172,8 @@ TEST_P(ProcessMatrix, EveryCollectiveMatchesTheOracle) {
 INSTANTIATE_TEST_SUITE_P(
     Processes, ProcessMatrix,
     ::testing::Values(ProcessMatrixSetup{2, "tcp"}, ProcessMatrixSetup{2, "shm"},
-                      ProcessMatrixSetup{3, "shm"}, ProcessMatrixSetup{5, "tcp"},
-                      ProcessMatrixSetup{8, "shm"}),
+                      ProcessMatrixSetup{3, "shm"}, ProcessMatrixSetup{4, "shm"},
+                      ProcessMatrixSetup{5, "tcp"}, ProcessMatrixSetup{8, "shm"}),
     [](const ::testing::TestParamInfo<ProcessMatrixSetup>& i) {
       return std::string(i.param.transport) + "_" + std::to_string(i.param.nranks) + "procs";
     });
