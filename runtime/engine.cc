@@ -348,8 +348,8 @@ Status Engine::runCollective(const CollArgs& op) {
   const bool gatherTunable = op.kind == CollKind::kAllGather && n > 2 && (n & (n - 1)) == 0 &&
                              count > 0 && gatherTuneMinBytes_ != 0;
   const bool tuneGather = gatherTunable && total >= gatherTuneMinBytes_;
-  if (op.kind == CollKind::kAllGather && n > 2 && count > 0 && areaGatherMinBytes_ != 0 &&
-      total >= areaGatherMinBytes_ && total <= areaGatherMaxBytes_) {
+  if (op.kind == CollKind::kAllGather && n > 2 && count > 0 &&
+      inArea(total, areaGatherMinBytes_, areaGatherMaxBytes_)) {
     return runAreaBroadcast(op, state);
   }
   if (op.kind == CollKind::kAllGather && n > 2 && count > 0) {
@@ -360,8 +360,8 @@ Status Engine::runCollective(const CollArgs& op) {
       return runRecursiveDoubling(op, state, /*tree=*/total <= treeGatherMaxBytes_);
     }
   }
-  if (op.kind == CollKind::kBroadcast && n > 2 && count > 0 && areaBcastMinBytes_ != 0 &&
-      total >= areaBcastMinBytes_ && total <= areaBcastMaxBytes_) {
+  if (op.kind == CollKind::kBroadcast && n > 2 && count > 0 &&
+      inArea(total, areaBcastMinBytes_, areaBcastMaxBytes_)) {
     return runAreaBroadcast(op, state);
   }
   if (op.kind == CollKind::kBroadcast && n > 2 && flatBcastMinBytes_ != 0 &&

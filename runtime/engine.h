@@ -49,9 +49,13 @@ class Engine {
   Status ensureRdLinks(OpState& state);
   Status runFlat(const CollArgs& op, OpState& state);
   Status ensureFlatLinks(OpState& state);
-  // The broadcast through the host's shared area (transports/shm/area.h), made on first use:
-  // rank 0 creates it and names it to the others over the bootstrap.
+  // A broadcast or an all-gather through the host's shared area (transports/shm/area.h), made
+  // on first use: rank 0 creates it and names it to the others over the bootstrap.
   Status runAreaBroadcast(const CollArgs& op, OpState& state);
+  // Whether a call of `total` bytes is in an area range [min, max] (min 0: the range is off).
+  static bool inArea(size_t total, size_t min, size_t max) {
+    return min != 0 && total >= min && total <= max;
+  }
   Status ensureArea(OpState& state);
   // The root of a broadcast from stateBcastMinBytes_: flat while copies into the ring's slots
   // run slow (the shm link to the next rank says: Connection::copiesRunSlow), the chain
