@@ -1,5 +1,6 @@
 // Micro-benchmarks (Google Benchmark), so a regression shows where it starts:
 //  - the host reduction loops per datatype and op, against memcpy of the same bytes;
+//  - memcpy against the streaming copy, by size;
 //  - one FIFO hop per transport: a send/recv pair between two ranks (threads) over shm or
 //    tcp, 8 bytes (latency) and one 128 KiB slot (bandwidth).
 //   build/tutti-micro-bench --benchmark_filter=Reduce
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/simd.h"
 #include "nccl.h"
 
 namespace {
@@ -28,6 +30,27 @@ void BM_Memcpy(benchmark::State& state) {
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(a.size()));
 }
 BENCHMARK(BM_Memcpy);
+
+// memcpy (0) against the streaming copy (1, cpu::simd::streamCopy) by size, the same buffers
+// copied again and again: where streaming starts to pay is what TUTTI_STREAM_COPY_MIN's
+// default rests on.
+void BM_CopyBySize(benchmark::State& state) {
+  const size_t bytes = size_t(state.range(0));
+  const bool stream = state.range(1) != 0;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  for (auto _ : state) {
+    if (stream) {
+      simd::streamCopy(b.data(), a.data(), bytes);
+    } else {
+      memcpy(b.data(), a.data(), bytes);
+    }
+    benchmark::DoNotOptimize(b.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(bytes));
+}
+BENCHMARK(BM_CopyBySize)
+    ->ArgsProduct({{256 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 32 << 20}, {0, 1}})
+    ->UseRealTime();
 
 // dst = recv (op) mine over 1 Mi elements; bytes = the output size (as memcpy's).
 template <typename T, RedFn F>

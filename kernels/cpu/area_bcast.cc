@@ -50,7 +50,7 @@ void runAreaBroadcast(const CollArgs& op, size_t bytes, int rank, int n, transpo
       mine.store(c + 1, std::memory_order_release);
     }
     // While the others copy out.
-    if (in != out && !w->failed()) memcpy(out, in, bytes);
+    if (in != out && !w->failed()) simd::copyBig(out, in, bytes);
     return;
   }
   for (uint64_t k = 0; k < chunks && !w->failed(); ++k) {

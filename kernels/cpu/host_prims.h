@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/cpu/simd.h"
 #include "runtime/waiter.h"
 #include "transports/transport.h"
 
@@ -134,14 +135,16 @@ class HostPrims {
       // Send first: the local copy then overlaps the peer reading the socket.
       postDirect(in_ + inOff, n);
       if (!w_->failed() && out_ + outOff != in_ + inOff) {
-        memcpy(out_ + outOff, in_ + inOff, size_t(n) * sizeof(T));
+        simd::copyBig(out_ + outOff, in_ + inOff, size_t(n) * sizeof(T));
       }
       return;
     }
     T* s = acquireSend(n);
     if (!s) return;
     memcpy(s, in_ + inOff, size_t(n) * sizeof(T));
-    if (out_ + outOff != in_ + inOff) memcpy(out_ + outOff, in_ + inOff, size_t(n) * sizeof(T));
+    if (out_ + outOff != in_ + inOff) {
+      simd::copyBig(out_ + outOff, in_ + inOff, size_t(n) * sizeof(T));
+    }
     postSend(n);
   }
   void recvReduceCopy(size_t inOff, size_t outOff, int n) {

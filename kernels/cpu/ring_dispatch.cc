@@ -290,7 +290,7 @@ void runRdAllGather(const CollArgs& op, size_t bytes, int rank, int n, const RdL
   const algo::RdPlan plan = algo::rdPlan(rank, n);
   const uint8_t* in = static_cast<const uint8_t*>(op.send);
   uint8_t* out = static_cast<uint8_t*>(op.recv);
-  if (in != out + size_t(rank) * bytes) memcpy(out + size_t(rank) * bytes, in, bytes);
+  if (in != out + size_t(rank) * bytes) simd::copyBig(out + size_t(rank) * bytes, in, bytes);
   // Moves [sendAt, +len) to `to` and [recvAt, +len) from `from` (either may be null),
   // sends and receives interleaved so that two partners never both wait to send. Sends may
   // go by address: every block of the output is written once, before it is sent, and
@@ -355,7 +355,7 @@ void runFlatAllGather(const CollArgs& op, size_t bytes, int rank, int n, const F
                       Waiter* w) {
   const uint8_t* in = static_cast<const uint8_t*>(op.send);
   uint8_t* out = static_cast<uint8_t*>(op.recv);
-  if (in != out + size_t(rank) * bytes) memcpy(out + size_t(rank) * bytes, in, bytes);
+  if (in != out + size_t(rank) * bytes) simd::copyBig(out + size_t(rank) * bytes, in, bytes);
   const size_t chunk = std::max<size_t>(1, links.chunkBytes);
   for (size_t at = 0; at < bytes && !w->failed(); at += chunk) {
     const int len = static_cast<int>(std::min(chunk, bytes - at));

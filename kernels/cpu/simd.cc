@@ -4,7 +4,10 @@
 #include <immintrin.h>
 #endif
 
+#include <cstring>
+
 #include "kernels/cpu/types.h"
+#include "runtime/env.h"
 
 namespace tutti::cpu::simd {
 
@@ -75,5 +78,55 @@ bool reduceHalf(uint16_t*, const uint16_t*, const uint16_t*, size_t, int, bool, 
   return false;
 }
 #endif
+
+void streamCopy(void* dst, const void* src, size_t n) {
+#if defined(__x86_64__)
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  // Up to the destination's first cache line boundary, then whole lines, then the tail.
+  const size_t head = (64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63;
+  if (n < head + 64) {
+    memcpy(d, s, n);
+    return;
+  }
+  memcpy(d, s, head);
+  d += head;
+  s += head;
+  n -= head;
+  const size_t body = n & ~size_t(63);
+  for (size_t i = 0; i < body; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  // Non-temporal stores are not ordered with later stores: without the fence a flag set after
+  // the copy could be seen before the bytes.
+  _mm_sfence();
+  memcpy(d + body, s + body, n - body);
+#else
+  memcpy(dst, src, n);
+#endif
+}
+
+size_t streamCopyMinBytes() {
+  static const size_t min = [] {
+    const int64_t v = env::getInt("TUTTI_STREAM_COPY_MIN", int64_t(kStreamCopyMinBytes));
+    return v <= 0 ? SIZE_MAX : size_t(v);
+  }();
+  return min;
+}
+
+void copyBig(void* dst, const void* src, size_t n) {
+  if (n >= streamCopyMinBytes()) {
+    streamCopy(dst, src, n);
+  } else {
+    memcpy(dst, src, n);
+  }
+}
 
 }  // namespace tutti::cpu::simd

@@ -32,6 +32,7 @@
 #include <optional>
 #include <string>
 
+#include "kernels/cpu/simd.h"
 #include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/log.h"
@@ -426,7 +427,7 @@ class ShmConnection : public Connection {
   // the kernel refused.
   bool copyPiece(char* to, const char* from, size_t n, bool toPeer) {
     if (sameProcess_ && !kCopyThroughKernel) {
-      memcpy(to, from, n);
+      cpu::simd::copyBig(to, from, n);
       return true;
     }
     const pid_t pid = sameProcess_ ? getpid() : static_cast<pid_t>(peerPid_);
