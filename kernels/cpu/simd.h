@@ -1,6 +1,6 @@
 // Element loops with instruction sets chosen at run time for the CPU at hand. The library is
 // built for baseline x86-64; these few loops are compiled for newer extensions too and used
-// only where the CPU has them.
+// only where the CPU has them. And a copy with streaming stores, which baseline x86-64 has.
 #pragma once
 
 #include <cstddef>
