@@ -153,9 +153,10 @@ TEST_P(ProcessMatrix, EveryCollectiveMatchesTheOracle) {
            ? " TUTTI_SHM_SLOW_GBPS=1000000 TUTTI_SHM_SINGLE_COPY_MIN=256"
              " TUTTI_STATE_BROADCAST_MIN_BYTES=4096 TUTTI_AREA_BROADCAST_MIN_BYTES=0"
            : "") +
-      // 2 and 8 processes: every big copy (a rank's own block into the output, shm's pieces)
-      // of 64 bytes or more with streaming stores (cpu::simd::copyBig), which the matrix's
-      // sizes would otherwise never reach; 3, 4 and 5 keep the default (memcpy).
+      // 2 and 8 processes: every copy of a rank's own block into the output of 64 bytes or
+      // more with streaming stores (cpu::simd::copyBig), which the matrix's sizes would
+      // otherwise never reach (shm's pieces between processes go through the kernel); 3, 4
+      // and 5 keep the default (memcpy).
       (s.nranks == 2 || s.nranks == 8 ? " TUTTI_STREAM_COPY_MIN=64" : "");
   const bool shm2 = s.nranks == 2 && std::string(s.transport) == "shm";
   const std::string rank =

@@ -19,7 +19,7 @@ void fill(std::vector<unsigned char>& v, unsigned seed) {
 
 }  // namespace
 
-TEST(StreamCopy, EveryAlignmentAndLengthMatchesMemcpy) {
+TEST(StreamCopy, AlignmentsAndLengthsAroundEachBoundaryMatchMemcpy) {
   const size_t lengths[] = {0, 1, 15, 63, 64, 65, 127, 128, 129, 191, 1000, 4096 + 17, 70000};
   std::vector<unsigned char> src(70000 + 256), dst(70000 + 256), want(dst.size());
   fill(src, 7);
