@@ -221,6 +221,19 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   areaChunkBytes_ = size_t(std::clamp<int64_t>(env::getInt("TUTTI_SHM_AREA_CHUNK", 128 << 10), 4096,
                                                int64_t(64) << 20)) /
                     64 * 64;
+  // Two ranks over shm: all-reduces from this size go by exchange while copies between the
+  // two CPUs run slow (Engine::runCollective).
+  // TUTTI_EXCHANGE=1 takes the exchange whatever the state (calls out of place), 0 never
+  // (tests, surveys).
+  exchangeMinBytes_ = shmOnly("TUTTI_EXCHANGE_MIN_BYTES", int64_t(4) << 20);
+  exchangeRecheck_ = static_cast<uint32_t>(
+      std::clamp<int64_t>(env::getInt("TUTTI_EXCHANGE_RECHECK", 64), 1, 1 << 20));
+  if (std::optional<std::string> v = env::getString("TUTTI_EXCHANGE"); v && !v->empty()) {
+    exchangeForced_ = *v == "1" ? 1 : *v == "0" ? 0 : -1;
+    if (exchangeForced_ < 0 && comm.rank() == 0) {
+      TUTTI_WARN("TUTTI_EXCHANGE=%s is not 1 or 0: by the machine's state", v->c_str());
+    }
+  }
   stateRecheck_ = static_cast<uint32_t>(
       std::clamp<int64_t>(env::getInt("TUTTI_STATE_BROADCAST_RECHECK", 256), 1, 1 << 20));
   treeMaxBytes_ = static_cast<size_t>(env::getInt("TUTTI_TREE_MAX_BYTES", int64_t(treeDefault)));
@@ -243,12 +256,13 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
       "all-gather by flat exchange up to %zu, binomial tree up to %zu, recursive doubling up to "
       "%zu, by doubling or the ring as rank 0 times them from %zu (0: never); flat broadcast "
       "from %zu (0: never), flat or chain by the machine's state from %zu (0: never) to %zu "
-      "(timed anew every %u flat ones)%s; "
+      "(timed anew every %u flat ones); two-rank all-reduce by exchange or the ring by the "
+      "machine's state from %zu (0: never)%s; "
       "waits spin up to %lld ns",
       comm.rank(), minChannels_, maxChannels_, comm.links().ringStepBytes(), flatMaxBytes_,
       rdMaxBytes_, treeMaxBytes_, flatGatherMaxBytes_, treeGatherMaxBytes_, rdGatherMaxBytes_,
       gatherTuneMinBytes_, flatBcastMinBytes_, stateBcastMinBytes_, stateBcastMaxBytes_,
-      stateRecheck_, crowded ? " (more ranks than CPUs on a machine)" : "",
+      stateRecheck_, exchangeMinBytes_, crowded ? " (more ranks than CPUs on a machine)" : "",
       static_cast<long long>(spinNs_));
 }
 
@@ -317,10 +331,10 @@ Status Engine::runCollective(const CollArgs& op) {
   const int nch = n == 1 ? 1 : channelsFor(total);
   // Two ranks, a small all-reduce, no pre-scaling: one exchange beats the ring's two steps.
   // (Over shm the ring is as fast for small messages and faster for larger ones.)
-  const cpu::Algo algo = op.kind == CollKind::kAllReduce && n == 2 && !op.red.pre &&
-                                 total <= pairMaxBytes_ && comm_.links().usesNet((r + 1) % n)
-                             ? cpu::Algo::kPair
-                             : cpu::Algo::kRing;
+  cpu::Algo algo = op.kind == CollKind::kAllReduce && n == 2 && !op.red.pre &&
+                           total <= pairMaxBytes_ && comm_.links().usesNet((r + 1) % n)
+                       ? cpu::Algo::kPair
+                       : cpu::Algo::kRing;
   TUTTI_INFO(log::kColl,
              "%s: opCount %llx sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm "
              "%p [nranks=%d] nchannels %d",
@@ -383,6 +397,28 @@ Status Engine::runCollective(const CollArgs& op) {
       ringSend_[c] = comm_.links().send(next, c);
       ringRecv_[c] = comm_.links().recv(prev, c);
     }
+  }
+  // Two ranks over shm, a big all-reduce: the ring while copies between their CPUs run fast,
+  // the exchange (cpu::exchangeAllReduce) while they run slow -- rank 0's verdict on its link,
+  // passed to rank 1 ahead of the data (see the constructor). Both calls must be out of place
+  // (the peer reads this rank's input while it writes its output): rank 1 answers whether they
+  // go by exchange.
+  if (op.kind == CollKind::kAllReduce && n == 2 && count > 0 && exchangeMinBytes_ != 0 &&
+      total >= exchangeMinBytes_ && !op.red.pre && cpu::rdSymmetric(op) &&
+      !comm_.links().ringUsesNet()) {
+    const bool outOfPlace = op.send != op.recv;
+    int way;
+    {
+      Waiter w(&state);
+      way = cpu::passWay(0, total, r, n, ringRecv_[0], ringSend_[0],
+                         r == 0 && outOfPlace ? exchangeNow() : 0, &w);
+      if (way >= 0) {
+        way = cpu::passWay(1, total, r, n, ringRecv_[0], ringSend_[0],
+                           way == 1 && outOfPlace ? 1 : 0, &w);
+      }
+    }
+    if (!state.status().ok()) return state.status();
+    if (way == 1) algo = cpu::Algo::kExchange;
   }
   // Broadcasts by the machine's state (see the constructor): the root goes flat while its
   // copies into the ring's slots run slow and says so by a marker down the chain; the chain
@@ -458,8 +494,12 @@ Status Engine::runCollective(const CollArgs& op) {
                               (op.kind == CollKind::kAllGather && pairWay_ != kPairByAddress));
   const bool exchange = pairByAddress && op.kind == CollKind::kAllGather;
   const size_t steps = (n == 2 && comm_.links().ringUsesNet()) || exchange ? 1 : kPipelineSteps;
-  const size_t chunk = algo::pipelinedChunk(slotUnits, perRankShare, nch, steps,
-                                            std::max<size_t>(kMinChunkBytes / unit, 1));
+  // The exchange's chunks that cannot go by address gain nothing from smaller steps (each rank
+  // reduces what it receives; nothing goes on): a slot each.
+  const size_t chunk = algo == cpu::Algo::kExchange
+                           ? slotUnits
+                           : algo::pipelinedChunk(slotUnits, perRankShare, nch, steps,
+                                                  std::max<size_t>(kMinChunkBytes / unit, 1));
   const size_t per = algo::channelShare(count, nch);
   // The exchange by address or through the slots: whichever this rank's recent ones of this
   // size took less time (TwoWayTuner), for its own sends; the peer takes either.
@@ -505,22 +545,34 @@ void Engine::recordRun(TwoWayTuner& t, int bucket, int way, Clock::time_point st
              way ? way1 : way0, way0, t.fastest(bucket, 0) / 1e3, way1, t.fastest(bucket, 1) / 1e3);
 }
 
-bool Engine::flatBroadcastNow() {
+bool Engine::ringVerdict(bool* told, uint32_t* since, uint32_t recheck, size_t minBytes,
+                         const char* what, const char* slowWay, const char* fastWay) {
   transport::Connection* c = ringSend_[0] ? ringSend_[0]->conn : nullptr;
   const bool slow = c && c->copiesRunSlow();
-  if (slow != flatByState_) {
-    TUTTI_INFO(log::kColl,
-               "rank %d: copies into the ring's slots run %s: broadcasts from %zu bytes go %s",
-               comm_.rank(), slow ? "slow" : "fast", stateBcastMinBytes_,
-               slow ? "flat" : "by the ring chain");
-    flatByState_ = slow;
+  if (slow != *told) {
+    TUTTI_INFO(log::kColl, "rank %d: copies into the ring's slots run %s: %s from %zu bytes go %s",
+               comm_.rank(), slow ? "slow" : "fast", what, minBytes, slow ? slowWay : fastWay);
+    *told = slow;
   }
-  if (!slow) flatSinceVerdict_ = 0;
-  if (slow && ++flatSinceVerdict_ >= stateRecheck_) {
-    c->forgetSlowCopies();  // the chain's next copies into the slots time the machine again
-    flatSinceVerdict_ = 0;
+  if (!slow) *since = 0;
+  if (slow && ++*since >= recheck) {
+    c->forgetSlowCopies();  // the ring's next copies into the slots time the machine again
+    *since = 0;
   }
   return slow;
+}
+
+int Engine::exchangeNow() {
+  if (exchangeForced_ >= 0) return exchangeForced_;
+  return ringVerdict(&exchangeByState_, &exchangeSinceVerdict_, exchangeRecheck_, exchangeMinBytes_,
+                     "two-rank all-reduces", "by exchange", "by the ring")
+             ? 1
+             : 0;
+}
+
+bool Engine::flatBroadcastNow() {
+  return ringVerdict(&flatByState_, &flatSinceVerdict_, stateRecheck_, stateBcastMinBytes_,
+                     "broadcasts", "flat", "by the ring chain");
 }
 
 Status Engine::ensureFlatLinks(OpState& state) {

@@ -62,6 +62,21 @@ class Engine {
   // otherwise. After stateRecheck_ flat ones in a row the verdict is forgotten, so that the
   // chain's copies time the machine again.
   bool flatBroadcastNow();
+  // This rank's verdict on its ring link (Connection::copiesRunSlow), for a choice by state: a
+  // trace line when it turns (`what` from minBytes go slowWay / fastWay), and forgotten after
+  // `recheck` slow answers in a row (*since counts them; *told: the last one traced).
+  bool ringVerdict(bool* told, uint32_t* since, uint32_t recheck, size_t minBytes, const char* what,
+                   const char* slowWay, const char* fastWay);
+  // Rank 0, a two-rank all-reduce over shm from exchangeMinBytes_, out of place: 1 (the
+  // exchange) while copies into the ring's slots run slow, 0 (the ring) otherwise. After
+  // exchangeRecheck_ such answers in a row the verdict is forgotten, so that the ring's copies
+  // time the machine again.
+  int exchangeNow();
+  uint32_t exchangeRecheck_;
+  uint32_t exchangeSinceVerdict_ = 0;
+  size_t exchangeMinBytes_;       // two-rank shm all-reduces from this size by state (0: never)
+  bool exchangeByState_ = false;  // rank 0's last choice (exchangeNow)
+  int exchangeForced_ = -1;       // TUTTI_EXCHANGE: 1 always, 0 never, -1 by state
   uint32_t stateRecheck_;
   // Two-rank shm all-gathers: by address or through the slots, whichever runs faster now
   // (TUTTI_PAIR_TUNE pins one).

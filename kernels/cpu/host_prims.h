@@ -51,6 +51,10 @@ class HostPrims {
   void expectLast(int last) { expectLast_ = last; }
   // Sends that go by address go so whenever the transport can (Connection::sendFrom).
   void preferAddress(transport::SendHow how = transport::SendHow::kByAddress) { how_ = how; }
+  // A sender waiting on a payload it sent by address leaves the copy to the receiver (an
+  // exchange, where the receiver copies the whole payload into its output and reduces it
+  // there: a piece written from here would cross to the receiver's CPU once more).
+  void leaveCopiesToReceiver() { helps_ = false; }
   // Whether a send of n elements goes by address for certain (preferAddress set): it may then
   // be bigger than a slot.
   bool sendsByAddress(int n) const {
@@ -153,6 +157,14 @@ class HostPrims {
     fn_.reduce(out_ + outOff, r, in_ + inOff, size_t(n), true);
     releaseRecv();
   }
+  // Receives n elements into the output where the transport can put them there (else into
+  // the slot) and reduces them with the input at the same offset into the output.
+  void recvReduceInOutput(size_t off, int n) {
+    const T* r = acquireRecv(n, out_ + off);
+    if (!r) return;
+    fn_.reduce(out_ + off, landed_ ? out_ + off : r, in_ + off, size_t(n), true);
+    releaseRecv();
+  }
   void copy(size_t inOff, size_t outOff, int n) {
     if (w_->failed()) return;
     fn_.preCopyPost(out_ + outOff, in_ + inOff, size_t(n));
@@ -187,7 +199,7 @@ class HostPrims {
     return w_->until(
         [&] {
           if (ready()) return true;
-          if (sentDirect_) f.conn->help();
+          if (sentDirect_ && helps_) f.conn->help();
           return ready();
         },
         f, Waiter::Dir::kSend);
@@ -280,6 +292,7 @@ class HostPrims {
   bool sendDirect_ = false, sendInputDirect_ = false, recvDirect_ = false;
   size_t sendMin_ = 0, recvMin_ = 0;
   bool sentDirect_ = false;
+  bool helps_ = true;  // copies pieces of its payloads while it waits (untilSent)
   transport::SendHow how_ = transport::SendHow::kAdaptive;
   bool landed_ = false;  // the last acquireRecv's payload is already in its dst
   uint64_t sendFlag_ = 0;

@@ -23,6 +23,46 @@ void setPre(const CollArgs& op, Reducer<T, F>* fn) {
   fn->preScalar = Elem<T>::load(s);
 }
 
+// Algo::kExchange (two ranks over shm, both calls out of place): each rank sends its whole
+// input by address, in chunks of kExchangeChunkBytes, which land straight in the other's
+// output to be reduced there in place with its own input; a chunk that cannot go by address
+// (a sender without single copy, a tail under its minimum) goes through a slot. Each rank reads
+// from the other only input, which a benchmark's loop never writes, where the ring's
+// all-gather half reads the output the peer has just written: those lines come from the other
+// CPU's cache, slow while the two CPUs sit on different dies. The sender leaves every piece to
+// the receiver. The result is op(peer's, own) on both ranks: the engine takes this only for
+// ops whose two operands commute bit for bit (rdSymmetric, no pre-scaling).
+// Chunk size, 2 ranks, slow state (surveys of 2026-11-24, medians, us; 256 KiB / 512 KiB /
+// 1 MiB / 2 MiB / a 128 KiB slot, through the slot): 8 MiB - / 2158 / 2042 / 1872 / -, and in
+// another survey 2465 / - / 2075 / - / 2825; 64 MiB - / 20455 / 19106 / 18514 / -, and
+// 21878 / - / 18304 / - / 24161.
+constexpr size_t kExchangeChunkBytes = 2 << 20;
+
+template <typename T, RedFn F>
+void exchangeAllReduce(const CollArgs& op, const algo::RingArgs& a, const Reducer<T, F>& fn,
+                       transport::FifoView* sendTo, transport::FifoView* recvFrom, Waiter* w) {
+  HostPrims<T, Reducer<T, F>> p(sendTo, recvFrom, static_cast<const T*>(op.send),
+                                static_cast<T*>(op.recv), fn, w, /*directSend=*/true);
+  p.preferAddress(transport::SendHow::kTwoRanks);
+  p.leaveCopiesToReceiver();
+  const size_t big = std::max(a.chunk, kExchangeChunkBytes / sizeof(T));
+  size_t sent = 0, got = 0;
+  while ((sent < a.count || got < a.count) && !w->failed()) {
+    if (sent < a.count) {
+      const size_t most = std::min(big, a.count - sent);
+      const size_t len = p.sendsByAddress(int(most)) ? most : std::min(a.chunk, a.count - sent);
+      p.send(a.base + sent, int(len));
+      sent += len;
+    }
+    if (got < a.count) {
+      const size_t len = std::min(p.nextByAddress() ? big : a.chunk, a.count - got);
+      p.recvReduceInOutput(a.base + got, int(len));
+      got += len;
+    }
+  }
+  p.finish();
+}
+
 template <typename T, RedFn F>
 void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
                   transport::FifoView* sendTo, transport::FifoView* recvFrom, Waiter* w) {
@@ -41,12 +81,13 @@ void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
   // (a survey of 2 ranks, each run between two line round trips over 250 ns, 12-26 runs each,
   // medians, us, inputs by address / through slots / Open MPI): 4 MiB 1595 / 2081 / 4340;
   // 16 MiB 7892 / 8690 / 8130; 64 MiB 30546 / 32842 / 77498.
-  const bool inputDirect = algo != Algo::kPair && sendTo && sendTo->conn &&
+  const bool inputDirect = algo == Algo::kRing && sendTo && sendTo->conn &&
                            (sendTo->conn->directPaysIntoSlot() || sendTo->conn->copiesRunSlow());
   HostPrims<T, Reducer<T, F>> p(sendTo, recvFrom, static_cast<const T*>(op.send),
                                 static_cast<T*>(op.recv), fn, w, inputDirect);
   switch (op.kind) {
     case CollKind::kAllReduce:
+      if (algo == Algo::kExchange) return exchangeAllReduce(op, ra, fn, sendTo, recvFrom, w);
       if (algo == Algo::kPair) {
         algo::pairAllReduce(p, ra);
       } else {

@@ -16,7 +16,10 @@ namespace tutti::cpu {
 
 // Copy-only collectives (AllGather, Broadcast) run on bytes: counts in ra are in bytes.
 bool movesBytes(CollKind kind);
-enum class Algo { kRing, kPair };
+// kPair: two ranks over the network, small all-reduces (collectives/ring.h pairAllReduce).
+// kExchange: two ranks over shm, big all-reduces while copies between their CPUs run slow
+// (exchangeAllReduce in ring_dispatch.cc).
+enum class Algo { kRing, kPair, kExchange };
 // Two ranks' byte-moving collectives over shm (runPairByAddress), as a send and a receive of
 // each block: kByAddress sends by address wherever the transport can, in chunks bigger than a
 // slot and few pieces (SendHow::kTwoRanks); kThroughSlots sends slot-sized chunks through

@@ -234,9 +234,9 @@ class ShmConnection : public Connection {
   // slow ones: from a source out of cache (64 MiB broadcast) copies in the good state spread
   // over 0-28 GB/s (most 10-20; a preempted or page-faulting one near 0), and two under 8 in a
   // row switched 64 MiB broadcasts to single copy, which took 12.6-14.9 ms there against
-  // 6.4-7.3 through slots. 512 steps by address before trying the slots again, because the
-  // first copies back into slots run fast (their lines have left the other cache) and a
-  // verdict takes kWindow of them.
+  // 6.4-7.3 through slots. 512 of the ring's steps by address (SendHow::kAdaptive) before
+  // trying the slots again, because the first copies back into slots run fast (their lines
+  // have left the other cache) and a verdict takes kWindow of them.
   static constexpr uint32_t kDirectSteps = 512;
   static constexpr uint32_t kWindow = 8;
   bool sendFrom(uint64_t step, const void* src, size_t bytes, SendHow how) override {
@@ -269,7 +269,9 @@ class ShmConnection : public Connection {
       fifo_.ctrl->src[k].store(0, std::memory_order_relaxed);
       return false;
     }
-    if (adaptive_ && directLeft_ > 0) --directLeft_;
+    // Only the adaptive sends count the verdict down; the engine forgets it itself after so
+    // many calls that send by address another way (Engine::flatBroadcastNow, exchangeNow).
+    if (adaptive_ && directLeft_ > 0 && how == SendHow::kAdaptive) --directLeft_;
     const size_t piece = pieceBytes(bytes, how == SendHow::kTwoRanks);
     help_->piece[k].store(uint32_t(piece), std::memory_order_relaxed);
     fifo_.ctrl->src[k].store(reinterpret_cast<uint64_t>(src), std::memory_order_relaxed);
