@@ -406,7 +406,10 @@ Status Engine::runCollective(const CollArgs& op) {
   if (op.kind == CollKind::kAllReduce && n == 2 && count > 0 && exchangeMinBytes_ != 0 &&
       total >= exchangeMinBytes_ && !op.red.pre && cpu::rdSymmetric(op) &&
       !comm_.links().ringUsesNet()) {
-    const bool outOfPlace = op.send != op.recv;
+    // (Buffers that overlap in part count as in place.)
+    const auto* in = static_cast<const char*>(op.send);
+    const auto* out = static_cast<const char*>(op.recv);
+    const bool outOfPlace = in + total <= out || out + total <= in;
     int way;
     {
       Waiter w(&state);

@@ -31,7 +31,8 @@ void setPre(const CollArgs& op, Reducer<T, F>* fn) {
 // all-gather half reads the output the peer has just written: those lines come from the other
 // CPU's cache, slow while the two CPUs sit on different dies. The sender leaves every piece to
 // the receiver. The result is op(peer's, own) on both ranks: the engine takes this only for
-// ops whose two operands commute bit for bit (rdSymmetric, no pre-scaling).
+// ops whose two operands commute bit for bit (rdSymmetric, no pre-scaling; two NaNs may keep
+// either payload, as in recursive doubling).
 // Chunk size, 2 ranks, slow state (surveys of 2026-11-24, medians, us; 256 KiB / 512 KiB /
 // 1 MiB / 2 MiB / a 128 KiB slot, through the slot): 8 MiB - / 2158 / 2042 / 1872 / -, and in
 // another survey 2465 / - / 2075 / - / 2825; 64 MiB - / 20455 / 19106 / 18514 / -, and

@@ -654,11 +654,11 @@ TEST(TcpDoubling, CrowdedAllGatherStagesLandInTheOutput) {
 }
 
 // Two ranks over shm, all-reduces from TUTTI_EXCHANGE_MIN_BYTES: by exchange (each rank sends
-// its whole input by address, a slot at a time, and reduces the other's) while rank 0's copies
-// into the ring's slots run slow, by the ring otherwise; rank 0 says which with a marker.
-// Slots of 64 KiB: rank 0's sends per call show the way (the marker, then one step per 2 MiB
-// chunk for the exchange out of place, per slot in place; the ring's steps come in pairs of
-// smaller chunks).
+// its whole input by address in 2 MiB chunks, and reduces the other's in its output) while
+// rank 0's copies into the ring's slots run slow and both calls are out of place, by the ring
+// otherwise; rank 0 says which with a marker, rank 1 answers with one. Slots of 64 KiB: a
+// rank's sends per call show the way (its marker, then one step per 2 MiB chunk for the
+// exchange; the ring's steps come in pairs of smaller chunks).
 namespace {
 
 struct ExchangeCase {
@@ -771,9 +771,9 @@ TEST(StateAllReduce, ExchangeWhileSlotCopiesRunSlowTheRingOtherwise) {
   ScopedEnv min("TUTTI_EXCHANGE_MIN_BYTES", "65536");
   ScopedEnv recheck("TUTTI_EXCHANGE_RECHECK", nullptr);  // 64
   constexpr size_t kChunk = 2 << 20;
-  // 1. The exchange, forced: every type and op it takes, counts of several slots and a partial
-  // one, one under a slot, and one of two 2 MiB chunks and a 28-byte tail (under the 4 KiB
-  // single-copy minimum between threads: through a slot). Both ranks hold exactly op(rank 0's,
+  // 1. The exchange, forced: every type and op it takes, counts of one or more slots and a
+  // partial one, and one of two 2 MiB chunks and a 28-byte tail (under the 4 KiB single-copy
+  // minimum between threads: through a slot). Both ranks hold exactly op(rank 0's,
   // rank 1's): the same bits. Each rank sends a marker (rank 0 its choice, rank 1 its answer),
   // then one step per 2 MiB chunk. Where either call is in place: the ring, as exact.
   {
@@ -812,6 +812,29 @@ TEST(StateAllReduce, ExchangeWhileSlotCopiesRunSlowTheRingOtherwise) {
               << "rank " << r << " dtype " << k.dtype << " op " << k.op << " mode " << mode;
         }
       }
+    });
+    destroyAll(comms);
+  }
+  // Two channels: each exchanges its share over its own link. 1 Mi + 7 floats: shares of
+  // 524352 floats (a 2 MiB chunk and a 256-byte tail, under 4 KiB: through a slot) and 524231
+  // (one chunk); the marker and the answer go on channel 0 only.
+  {
+    ScopedEnv forced("TUTTI_EXCHANGE", "1");
+    ScopedEnv two("NCCL_MIN_NCHANNELS", "2");
+    const ExchangeCase k{ncclFloat32, ncclSum, (1 << 20) + 7};
+    std::vector<ncclComm_t> comms = initThreads(2);
+    onThreads(2, [&](int r) {
+      ncclComm_t c = comms[size_t(r)];
+      std::vector<unsigned char> in(k.count * 4), out(k.count * 4, 0xee);
+      fill(in, k, r);
+      ASSERT_EQ(ncclAllReduce(in.data(), out.data(), k.count, k.dtype, k.op, c, nullptr),
+                ncclSuccess)
+          << ncclGetLastError(c);
+      EXPECT_EQ(firstWrong(out.data(), k), -1) << "rank " << r;
+      tutti::Links& links = reinterpret_cast<tutti::Comm*>(c)->links();
+      ASSERT_NE(links.send(1 - r, 1), nullptr);
+      EXPECT_EQ(links.send(1 - r, 0)->step, 3u) << "rank " << r;
+      EXPECT_EQ(links.send(1 - r, 1)->step, 1u) << "rank " << r;
     });
     destroyAll(comms);
   }

@@ -147,8 +147,9 @@ TEST_P(ProcessMatrix, EveryCollectiveMatchesTheOracle) {
       // area, which 8 crowded ranks take by default.
       // 2 processes: all-gathers and broadcasts by address (process_vm_readv) from 256 bytes,
       // in chunks bigger than the 8 KiB slots -- from rank 0 only: rank 1 turns single copy
-      // off for its sends, and must still take rank 0's. All-reduces of 1 KiB or more by
-      // exchange (rank 0's input by address, rank 1's through the slots), in place too.
+      // off for its sends, and must still take rank 0's. All-reduces above 2 KiB (recursive
+      // doubling's limit) with both calls out of place by exchange (rank 0's input by address,
+      // rank 1's through the slots).
       (s.nranks == 2 && std::string(s.transport) == "shm"
            ? " TUTTI_SHM_SINGLE_COPY_MIN=256 TUTTI_EXCHANGE=1 TUTTI_EXCHANGE_MIN_BYTES=1024"
            : "") +
