@@ -23,6 +23,25 @@ void setPre(const CollArgs& op, Reducer<T, F>* fn) {
   fn->preScalar = Elem<T>::load(s);
 }
 
+// A chunk sent by address need not fit a slot: bigger ones cost fewer steps and system
+// calls. The flat broadcast, 8 ranks on 2 cores, 16 MiB, 3 interleaved runs, medians: 128 KiB
+// chunks (the slot) 14.4 ms, 2 MiB 10.7, 8 MiB 10.1; Open MPI 10.5.
+constexpr size_t kAddressChunkBytes = 8 << 20;
+
+// The next chunk of `left` units to send: up to `big` where the link sends it by address for
+// certain, up to a slot otherwise (big == slot: a slot, nothing to ask).
+template <class P>
+size_t chunkToSend(const P& p, size_t left, size_t slot, size_t big) {
+  const size_t most = std::min(big, left);
+  return big > slot && p.sendsByAddress(static_cast<int>(most)) ? most : std::min(slot, left);
+}
+// The next chunk of `left` units to receive: as its sender chose (chunkToSend), told by the
+// payload where one may come by address.
+template <class P>
+size_t chunkToRecv(P& p, size_t left, size_t slot, size_t big) {
+  return std::min(big > slot && p.nextByAddress() ? big : slot, left);
+}
+
 // Algo::kExchange (two ranks over shm, both calls out of place): each rank sends its whole
 // input by address, in chunks of kExchangeChunkBytes, which land straight in the other's
 // output to be reduced there in place with its own input; a chunk that cannot go by address
@@ -50,13 +69,12 @@ void exchangeAllReduce(const CollArgs& op, const algo::RingArgs& a, const Reduce
   size_t sent = 0, got = 0;
   while ((sent < a.count || got < a.count) && !w->failed()) {
     if (sent < a.count) {
-      const size_t most = std::min(big, a.count - sent);
-      const size_t len = p.sendsByAddress(int(most)) ? most : std::min(a.chunk, a.count - sent);
+      const size_t len = chunkToSend(p, a.count - sent, a.chunk, big);
       p.send(a.base + sent, int(len));
       sent += len;
     }
     if (got < a.count) {
-      const size_t len = std::min(p.nextByAddress() ? big : a.chunk, a.count - got);
+      const size_t len = chunkToRecv(p, a.count - got, a.chunk, big);
       p.recvReduceInOutput(a.base + got, int(len));
       got += len;
     }
@@ -269,18 +287,6 @@ void byTypeAndFn(const CollArgs& op, Waiter* w, Body&& body) {
   byType(op, w, [&](auto t) { byFn(op, [&](auto f) { body(t, f); }); });
 }
 
-// A chunk sent by address need not fit a slot: bigger ones cost fewer steps and system
-// calls. The flat broadcast, 8 ranks on 2 cores, 16 MiB, 3 interleaved runs, medians: 128 KiB
-// chunks (the slot) 14.4 ms, 2 MiB 10.7, 8 MiB 10.1; Open MPI 10.5.
-constexpr size_t kAddressChunkBytes = 8 << 20;
-
-// The next chunk of `left` bytes to send: up to `big` where the link sends it by address for
-// certain, up to a slot otherwise (big == slot: a slot, nothing to ask).
-size_t chunkToSend(const HostPrims<uint8_t, CopyOnly>& p, size_t left, size_t slot, size_t big) {
-  const size_t most = std::min(big, left);
-  return big > slot && p.sendsByAddress(static_cast<int>(most)) ? most : std::min(slot, left);
-}
-
 // Sends [sendIn, +sendLen) of p's input (copied to [sendOut, ...) of its output unless that is
 // the same memory) and receives [recvAt, +recvLen) of its output, a send and a receive in
 // turn so that two partners never both wait to send. Sends go in chunks of up to `big` where
@@ -300,7 +306,7 @@ void exchangeChunks(HostPrims<uint8_t, CopyOnly>& p, size_t sendIn, size_t sendO
       sent += len;
     }
     if (got < recvLen) {
-      const size_t len = std::min(big > slot && p.nextByAddress() ? big : slot, recvLen - got);
+      const size_t len = chunkToRecv(p, recvLen - got, slot, big);
       p.expectLast(got + len == recvLen ? 1 : 0);
       p.recv(recvAt + got, static_cast<int>(len));
       got += len;
