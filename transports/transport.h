@@ -1,8 +1,9 @@
 // The transport interface. Every connection is a one-directional FIFO between two ranks on one
 // channel: kSlots slots for payloads, and (shm) kSteps small cells for small ones. The producer
 // fills the payload's place (FifoView::payload: cell step % kSteps, or slot step % kSlots),
-// records its size in word step % kSteps and publishes tail = step + 1; the consumer reads it
-// and publishes head = step + 1, which frees the place. Up to kSteps steps may be in flight
+// records its size in word step % kSteps and publishes tail = step + 1 (and, where the FIFO
+// has cells, the step's cell word: below); the consumer reads it and publishes head = step + 1,
+// which frees the place. Up to kSteps steps may be in flight
 // while each holds a small payload, kSlots otherwise (FifoView::window). Engines see only this
 // (FifoView); where the slots live and how bytes cross between the ranks (shared memory, a
 // proxy thread and sockets, ...) is each transport's business.
@@ -51,6 +52,18 @@ constexpr uint64_t kLastSlot = 1ull << 62;
 // all-gather's doubling or ring (Engine).
 constexpr uint64_t kWaySlot = 1ull << 61;
 constexpr uint64_t kSizeMask = (1ull << 40) - 1;
+// FIFOs with cells (shm): each cell opens with a word that carries the step's size word and
+// the step's number (its low 21 bits, (step + 1) << 40), written last with release; the
+// payload follows it, so a small one shares the word's cache line. The receiver waits on that
+// word instead of tail and takes the size from it: one line crosses between the CPUs where
+// tail, the size word and the payload took three, one after the other (each read waits for
+// the one before). A cell is reused kSteps steps later, so a stale word is a whole number of
+// kSteps behind and never matches. 2 ranks over shm, 16 B-256 B all-gathers in the fast
+// state, medians of 5 interleaved rounds: see the commit that brought it (docs/host-results.md).
+constexpr size_t kCellHeader = 8;
+constexpr int kCellSeqShift = 40;
+constexpr uint64_t kCellSeqMask = ((1ull << 21) - 1) << kCellSeqShift;
+inline uint64_t cellSeq(uint64_t step) { return ((step + 1) << kCellSeqShift) & kCellSeqMask; }
 
 // Lives next to the slots, shared by both sides when the transport maps memory across ranks.
 struct alignas(64) FifoCtrl {
@@ -139,13 +152,17 @@ struct FifoView {
   char* cells = nullptr;
   size_t cellBytes = 0;
 
-  bool inCell(size_t bytes) const { return cells != nullptr && bytes <= cellBytes; }
+  bool inCell(size_t bytes) const { return cells != nullptr && bytes <= cellBytes - kCellHeader; }
+  // Step s's cell word (cells only): see kCellHeader.
+  std::atomic<uint64_t>& cellWord(uint64_t s) const {
+    return *reinterpret_cast<std::atomic<uint64_t>*>(cells + (s % kSteps) * cellBytes);
+  }
   // Slot s % kSlots.
   char* slot(uint64_t s) const { return slots + (s % kSlots) * slotBytes; }
   // Where step s's payload of `bytes` lies: its cell if it fits one, else its slot. Both ends
   // derive it from the size word, so they agree.
   char* payload(uint64_t s, size_t bytes) const {
-    return inCell(bytes) ? cells + (s % kSteps) * cellBytes : slot(s);
+    return inCell(bytes) ? cells + (s % kSteps) * cellBytes + kCellHeader : slot(s);
   }
   // How many steps may be in flight (posted, not yet consumed) before a sender posts a payload
   // of `bytes`: kSteps for one in a cell, whose place is free once head passed s - kSteps;
@@ -298,8 +315,23 @@ class Connection {
 // (shared control blocks only), moves the counter, and lets tcp move bytes at once.
 inline void postTail(FifoView& f) {
   if (f.conn->sharedCtrl()) noteCpu(f.ctrl->senderCpu);
+  if (f.cells) {
+    const uint64_t word = f.ctrl->sizes[f.step % kSteps].load(std::memory_order_relaxed);
+    f.cellWord(f.step).store(cellSeq(f.step) | word, std::memory_order_release);
+  }
   f.ctrl->tail.store(++f.step, std::memory_order_release);
   if (f.conn->drivesIo()) f.conn->kick();
+}
+// Receiver: whether the sender has posted step f.step, and then (only then) its size word.
+inline bool posted(const FifoView& f) {
+  if (f.cells) {
+    return (f.cellWord(f.step).load(std::memory_order_acquire) & kCellSeqMask) == cellSeq(f.step);
+  }
+  return f.ctrl->tail.load(std::memory_order_acquire) > f.step;
+}
+inline uint64_t postedWord(const FifoView& f) {
+  if (f.cells) return f.cellWord(f.step).load(std::memory_order_relaxed) & ~kCellSeqMask;
+  return f.ctrl->sizes[f.step % kSteps].load(std::memory_order_relaxed);
 }
 inline void postHead(FifoView& f) {
   if (f.conn->sharedCtrl()) noteCpu(f.ctrl->receiverCpu);

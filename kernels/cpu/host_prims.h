@@ -76,8 +76,7 @@ class HostPrims {
   // where it is for the next receive; 0 when the operation failed.
   uint64_t peekWord() {
     transport::FifoView& f = *recvFrom_;
-    return untilPosted() ? f.ctrl->sizes[f.step % transport::kSteps].load(std::memory_order_relaxed)
-                         : 0;
+    return untilPosted() ? transport::postedWord(f) : 0;
   }
 
   void send(size_t inOff, int n) {
@@ -208,8 +207,7 @@ class HostPrims {
   // Receiver: waits until the sender has posted the next step; false when the operation failed.
   bool untilPosted() {
     transport::FifoView& f = *recvFrom_;
-    return w_->until([&] { return f.ctrl->tail.load(std::memory_order_acquire) > f.step; }, f,
-                     Waiter::Dir::kRecv);
+    return w_->until([&] { return transport::posted(f); }, f, Waiter::Dir::kRecv);
   }
 
   // Sender: waits for room for a payload of n elements and returns where to write it.
@@ -241,7 +239,7 @@ class HostPrims {
     const bool direct = recvDirect_ && big(n, recvMin_);
     if (direct) f.conn->recvInto(f.step, dst, size_t(n) * sizeof(T));
     if (!untilPosted()) return nullptr;
-    const uint64_t word = f.ctrl->sizes[f.step % transport::kSteps].load(std::memory_order_relaxed);
+    const uint64_t word = transport::postedWord(f);
     const uint64_t got = word & transport::kSizeMask;
     if (got == uint64_t(n) * sizeof(T) && expectLast_ >= 0 &&
         ((word & transport::kLastSlot) != 0) != (expectLast_ == 1)) {

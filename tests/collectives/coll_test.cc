@@ -309,6 +309,7 @@ bool pageMapped(const void* addr) {
 // One 8-byte all-reduce uses one slot (tcp) or cell (shm) per FIFO; every slot's first page
 // and every cell must be mapped.
 TEST(Fifos, EverySlotsFirstPageIsMappedWhenTheConnectionIsMade) {
+  namespace tr = tutti::transport;
   for (const char* disable : {"0", "1"}) {
     SCOPED_TRACE(std::string("NCCL_SHM_DISABLE=") + disable);
     ScopedEnv shm("NCCL_SHM_DISABLE", disable);
@@ -328,7 +329,7 @@ TEST(Fifos, EverySlotsFirstPageIsMappedWhenTheConnectionIsMade) {
         }
         EXPECT_EQ(f->cells != nullptr, std::string(disable) == "0");
         for (uint64_t k = 0; f->cells && k < tutti::transport::kSteps; ++k) {
-          EXPECT_EQ(f->payload(k, 8), f->cells + k * f->cellBytes);
+          EXPECT_EQ(f->payload(k, 8), f->cells + k * f->cellBytes + tr::kCellHeader);
           EXPECT_TRUE(pageMapped(f->payload(k, 8)))
               << "rank " << r << ", peer " << f->peer << ", cell " << k;
           EXPECT_TRUE(pageMapped(f->payload(k, 8) + f->cellBytes - 1))
@@ -351,7 +352,22 @@ TEST(Fifos, CellsAreASlotsSixtyFourthUpTo2KiB) {
   EXPECT_EQ(tr::cellBytesFor(64 * 64 - 64), 0u);
 }
 
-// Over shm a payload that fits a cell (2 KiB with the default buffers) goes there, and such
+namespace {
+// Two ranks on threads whose links run both ways (one send and one receive each).
+std::vector<ncclComm_t> twoRanksLinkedBothWays() {
+  std::vector<ncclComm_t> comms = initThreads(2);
+  onThreads(2, [&](int r) {
+    uint8_t a = 1, b = 0;
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    ASSERT_EQ(ncclSend(&a, 1, ncclUint8, 1 - r, comms[size_t(r)], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclRecv(&b, 1, ncclUint8, 1 - r, comms[size_t(r)], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  });
+  return comms;
+}
+}  // namespace
+
+// Over shm a payload that fits a cell (2040 bytes with the default buffers) goes there, and such
 // steps run up to kSteps (64) ahead of the receiver; bigger ones, in slots, up to kSlots (8).
 // Rank 0 sends more messages than that while rank 1 holds off: exactly the window's worth
 // complete, and once rank 1 receives, every message arrives intact (no cell or slot reused
@@ -360,22 +376,16 @@ TEST(Fifos, SmallStepsRunAsFarAheadAsTheCellsAllowBigOnesAsTheSlots) {
   namespace tr = tutti::transport;
   ScopedEnv shm("NCCL_SHM_DISABLE", "0");
   ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
-  std::vector<ncclComm_t> comms = initThreads(2);
-  onThreads(2, [&](int r) {  // connects the links both ways
-    uint8_t a = 1, b = 0;
-    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-    ASSERT_EQ(ncclSend(&a, 1, ncclUint8, 1 - r, comms[size_t(r)], nullptr), ncclSuccess);
-    ASSERT_EQ(ncclRecv(&b, 1, ncclUint8, 1 - r, comms[size_t(r)], nullptr), ncclSuccess);
-    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
-  });
+  std::vector<ncclComm_t> comms = twoRanksLinkedBothWays();
   const tr::FifoView* f = reinterpret_cast<tutti::Comm*>(comms[0])->links().send(1, 0);
   ASSERT_NE(f, nullptr);
   ASSERT_STREQ(f->conn->transportName(), "shm");
   ASSERT_EQ(f->cellBytes, 2048u);
   auto value = [](size_t i, int msg) { return uint8_t(i * 131 + size_t(msg) * 7 + 3); };
-  for (size_t bytes : {size_t(64), size_t(2048), size_t(2112), size_t(8192)}) {
+  // A cell holds 2040 bytes after its word (kCellHeader); 2048 go in a slot.
+  for (size_t bytes : {size_t(64), size_t(2040), size_t(2048), size_t(8192)}) {
     SCOPED_TRACE(std::to_string(bytes) + " bytes per message");
-    const int ahead = bytes <= f->cellBytes ? tr::kSteps : tr::kSlots;
+    const int ahead = bytes + tr::kCellHeader <= f->cellBytes ? tr::kSteps : tr::kSlots;
     const int total = ahead + 8;
     std::atomic<int> sent{0};
     onThreads(2, [&](int r) {
@@ -402,6 +412,40 @@ TEST(Fifos, SmallStepsRunAsFarAheadAsTheCellsAllowBigOnesAsTheSlots) {
       }
     });
     EXPECT_EQ(sent.load(), total);
+  }
+  destroyAll(comms);
+}
+
+// Over shm the receiver takes a step from its cell's word (transport::posted), which carries
+// the step's number and size word and shares a small payload's cache line. Through three
+// rounds of the 64 cells: before each step is posted, the cell still holds the word of the
+// step 64 back (or nothing) and must not count as posted; once posted, the receiver reads the
+// size word as sent (without the step's number) and the payload that shares the line.
+TEST(Fifos, AReceiverTakesAStepFromItsCellWordNeverAStaleOne) {
+  namespace tr = tutti::transport;
+  ScopedEnv shm("NCCL_SHM_DISABLE", "0");
+  ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
+  std::vector<ncclComm_t> comms = twoRanksLinkedBothWays();
+  tr::FifoView& sf = *reinterpret_cast<tutti::Comm*>(comms[0])->links().send(1, 0);
+  tr::FifoView& rf = *reinterpret_cast<tutti::Comm*>(comms[1])->links().recv(0, 0);
+  ASSERT_STREQ(sf.conn->transportName(), "shm");
+  ASSERT_NE(rf.cells, nullptr);
+  ASSERT_EQ(sf.step, rf.step);
+  for (int k = 0; k < 3 * tr::kSteps; ++k) {
+    SCOPED_TRACE("step " + std::to_string(sf.step));
+    const size_t bytes = 8 + size_t(k % 48);  // within the word's line
+    EXPECT_FALSE(tr::posted(rf));
+    char* p = sf.payload(sf.step, bytes);
+    EXPECT_EQ(p, reinterpret_cast<char*>(&sf.cellWord(sf.step)) + tr::kCellHeader);
+    for (size_t i = 0; i < bytes; ++i) p[i] = char(i * 13 + size_t(k));
+    const uint64_t word = bytes | (k % 2 ? tr::kLastSlot : 0) | (k % 3 ? 0 : tr::kWaySlot);
+    sf.ctrl->sizes[sf.step % tr::kSteps].store(word);
+    tr::postTail(sf);
+    ASSERT_TRUE(tr::posted(rf));
+    EXPECT_EQ(tr::postedWord(rf), word);
+    const char* q = rf.payload(rf.step, bytes);
+    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(q[i], char(i * 13 + size_t(k))) << "byte " << i;
+    tr::postHead(rf);
   }
   destroyAll(comms);
 }
