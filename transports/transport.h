@@ -58,8 +58,9 @@ constexpr uint64_t kSizeMask = (1ull << 40) - 1;
 // word instead of tail and takes the size from it: one line crosses between the CPUs where
 // tail, the size word and the payload took three, one after the other (each read waits for
 // the one before). A cell is reused kSteps steps later, so a stale word is a whole number of
-// kSteps behind and never matches. 2 ranks over shm, 16 B-256 B all-gathers in the fast
-// state, medians of 5 interleaved rounds: see the commit that brought it (docs/host-results.md).
+// kSteps behind and never matches. (A cell holds its word and cellBytes: cellStrideFor.) 2 ranks
+// over shm, 16 B-256 B all-gathers in the fast state, medians of 5 interleaved rounds: see the
+// commit that brought it (docs/host-results.md).
 constexpr size_t kCellHeader = 8;
 constexpr int kCellSeqShift = 40;
 constexpr uint64_t kCellSeqMask = ((1ull << 21) - 1) << kCellSeqShift;
@@ -119,15 +120,20 @@ inline int32_t noteCpu(std::atomic<int32_t>& field) {
 #endif
 
 // A FIFO's cells (FifoView::cells) for slots of slotBytes: kSteps of slotBytes / kSteps bytes
-// each, at most kMaxCellBytes (2 KiB, reached at shm's default 128 KiB slots): at most 128 KiB
-// per FIFO, all of it committed when the link is made (prefaultSlots). 0 (no cells) where a
-// cell would be under a cache line. /dev/shm is 64 MiB in a default container; 8 ranks have
-// 56 flat links, whose cells take 7 MiB whatever NCCL_BUFFSIZE says.
+// each, at most kMaxCellBytes (2 KiB, reached at shm's default 128 KiB slots), plus a line each
+// for its word (cellStrideFor): at most 132 KiB per FIFO, all of it committed when the link is
+// made (prefaultSlots). 0 (no cells) where a cell would be under a cache line. /dev/shm is 64
+// MiB in a default container; 8 ranks have 56 flat links, whose cells take 7.2 MiB whatever
+// NCCL_BUFFSIZE says.
 constexpr size_t kMaxCellBytes = 2048;
 inline size_t cellBytesFor(size_t slotBytes) {
   const size_t c = std::min(kMaxCellBytes, slotBytes / kSteps / 64 * 64);
   return c >= 64 ? c : 0;
 }
+// Each cell takes a cache line more than it holds: its word (kCellHeader) comes first, so that
+// a payload of a power of two (2 KiB: 8 crowded ranks' 2 KiB broadcasts took 1.86 us through
+// the slots' window of 8 against 0.96 with 64 steps ahead) still fits.
+inline size_t cellStrideFor(size_t cellBytes) { return cellBytes ? cellBytes + 64 : 0; }
 
 // What an engine holds for one end of one connection.
 struct FifoView {
@@ -152,17 +158,18 @@ struct FifoView {
   char* cells = nullptr;
   size_t cellBytes = 0;
 
-  bool inCell(size_t bytes) const { return cells != nullptr && bytes <= cellBytes - kCellHeader; }
-  // Step s's cell word (cells only): see kCellHeader.
+  bool inCell(size_t bytes) const { return cells != nullptr && bytes <= cellBytes; }
+  // Cell s % kSteps: its word (see kCellHeader), then up to cellBytes of payload.
+  char* cell(uint64_t s) const { return cells + (s % kSteps) * cellStrideFor(cellBytes); }
   std::atomic<uint64_t>& cellWord(uint64_t s) const {
-    return *reinterpret_cast<std::atomic<uint64_t>*>(cells + (s % kSteps) * cellBytes);
+    return *reinterpret_cast<std::atomic<uint64_t>*>(cell(s));
   }
   // Slot s % kSlots.
   char* slot(uint64_t s) const { return slots + (s % kSlots) * slotBytes; }
   // Where step s's payload of `bytes` lies: its cell if it fits one, else its slot. Both ends
   // derive it from the size word, so they agree.
   char* payload(uint64_t s, size_t bytes) const {
-    return inCell(bytes) ? cells + (s % kSteps) * cellBytes + kCellHeader : slot(s);
+    return inCell(bytes) ? cell(s) + kCellHeader : slot(s);
   }
   // How many steps may be in flight (posted, not yet consumed) before a sender posts a payload
   // of `bytes`: kSteps for one in a cell, whose place is free once head passed s - kSteps;
@@ -196,7 +203,7 @@ inline void prefaultSlots(const FifoView& f) {
   for (int k = 0; k < kSlots; ++k) {
     populate(f.slot(uint64_t(k)), std::min<size_t>(f.slotBytes, page));
   }
-  if (f.cells) populate(f.cells, kSteps * f.cellBytes);
+  if (f.cells) populate(f.cells, kSteps * cellStrideFor(f.cellBytes));
 }
 
 class Connection {

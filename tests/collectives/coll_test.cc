@@ -329,7 +329,7 @@ TEST(Fifos, EverySlotsFirstPageIsMappedWhenTheConnectionIsMade) {
         }
         EXPECT_EQ(f->cells != nullptr, std::string(disable) == "0");
         for (uint64_t k = 0; f->cells && k < tutti::transport::kSteps; ++k) {
-          EXPECT_EQ(f->payload(k, 8), f->cells + k * f->cellBytes + tr::kCellHeader);
+          EXPECT_EQ(f->payload(k, 8), f->cells + k * (f->cellBytes + 64) + tr::kCellHeader);
           EXPECT_TRUE(pageMapped(f->payload(k, 8)))
               << "rank " << r << ", peer " << f->peer << ", cell " << k;
           EXPECT_TRUE(pageMapped(f->payload(k, 8) + f->cellBytes - 1))
@@ -367,7 +367,7 @@ std::vector<ncclComm_t> twoRanksLinkedBothWays() {
 }
 }  // namespace
 
-// Over shm a payload that fits a cell (2040 bytes with the default buffers) goes there, and such
+// Over shm a payload that fits a cell (2 KiB with the default buffers) goes there, and such
 // steps run up to kSteps (64) ahead of the receiver; bigger ones, in slots, up to kSlots (8).
 // Rank 0 sends more messages than that while rank 1 holds off: exactly the window's worth
 // complete, and once rank 1 receives, every message arrives intact (no cell or slot reused
@@ -382,10 +382,9 @@ TEST(Fifos, SmallStepsRunAsFarAheadAsTheCellsAllowBigOnesAsTheSlots) {
   ASSERT_STREQ(f->conn->transportName(), "shm");
   ASSERT_EQ(f->cellBytes, 2048u);
   auto value = [](size_t i, int msg) { return uint8_t(i * 131 + size_t(msg) * 7 + 3); };
-  // A cell holds 2040 bytes after its word (kCellHeader); 2048 go in a slot.
-  for (size_t bytes : {size_t(64), size_t(2040), size_t(2048), size_t(8192)}) {
+  for (size_t bytes : {size_t(64), size_t(2048), size_t(2112), size_t(8192)}) {
     SCOPED_TRACE(std::to_string(bytes) + " bytes per message");
-    const int ahead = bytes + tr::kCellHeader <= f->cellBytes ? tr::kSteps : tr::kSlots;
+    const int ahead = bytes <= f->cellBytes ? tr::kSteps : tr::kSlots;
     const int total = ahead + 8;
     std::atomic<int> sent{0};
     onThreads(2, [&](int r) {

@@ -53,7 +53,7 @@ constexpr bool kCopyThroughKernel = false;
 namespace tutti::transport {
 namespace {
 
-constexpr uint32_t kShmMagic = 0x73686d32;  // "shm2": 64 size words and the cells
+constexpr uint32_t kShmMagic = 0x73686d33;  // "shm3": 64 size words, cells that open with a word
 
 // FifoCtrl::broken here: the reason in the low byte, an errno above it.
 constexpr uint32_t kBrokenLeft = 1;   // the peer's communicator failed or was aborted
@@ -126,7 +126,7 @@ inline size_t pieceBytes(size_t n, bool twoRanks) {
 inline uint32_t pieceCount(size_t n, size_t piece) { return uint32_t((n + piece - 1) / piece); }
 
 size_t segmentBytes(size_t slotBytes) {
-  return kHeader + kSlots * slotBytes + kSteps * cellBytesFor(slotBytes);
+  return kHeader + kSlots * slotBytes + kSteps * cellStrideFor(cellBytesFor(slotBytes));
 }
 
 class ShmConnection : public Connection {
