@@ -45,7 +45,7 @@ class Engine {
  private:
   Status runCollective(const CollArgs& op);
   // tree: the binomial tree over recursive doubling's links (collectives/recursive_doubling.h).
-  Status runRecursiveDoubling(const CollArgs& op, OpState& state, bool tree);
+  Status runRecursiveDoubling(const CollArgs& op, OpState& state, cpu::RdShape shape);
   Status ensureRdLinks(OpState& state);
   Status runFlat(const CollArgs& op, OpState& state);
   Status ensureFlatLinks(OpState& state);
@@ -103,6 +103,8 @@ class Engine {
   size_t rdMaxBytes_;          // all-reduces of 3+ ranks up to this size use recursive doubling
   size_t flatMaxBytes_;        // and up to this one (3+ ranks) the flat exchange
   size_t treeMaxBytes_;        // and those above it up to this size the binomial tree
+  size_t halvingMinBytes_;     // all-reduces of 3+ ranks from this size (0: never) up to
+  size_t halvingMaxBytes_;     // this one: recursive halving and doubling
   size_t flatGatherMaxBytes_;  // all-gathers of 3+ ranks up to this total: the flat exchange
   size_t rdGatherMaxBytes_;    // then (a power of two of ranks) recursive doubling
   size_t treeGatherMaxBytes_;  // then the binomial tree

@@ -131,7 +131,7 @@ void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
 // both the same bits. Sends copy through slots (never
 // straight from the output, which the step's own reduction overwrites in place).
 template <typename T, RedFn F>
-void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, bool tree, Waiter* w) {
+void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, RdShape shape, Waiter* w) {
   using E = Elem<T>;
   const algo::RdPlan plan = algo::rdPlan(rank, n);
   Reducer<T, F> first;  // pre only: the local pass
@@ -156,13 +156,62 @@ void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, bool tree,
     }
     p.finish();
   };
+  // One halving or doubling step: [sendAt, +sendLen) of the output to the partner, and
+  // [recvAt, +recvLen) from it, combined into the output or copied there; slot-sized pieces,
+  // a send and a receive in turn (the two ranges differ by an element at most).
+  auto swap = [&](transport::FifoView* to, transport::FifoView* from, const Reducer<T, F>& fn,
+                  size_t sendAt, size_t sendLen, size_t recvAt, size_t recvLen, bool combine) {
+    HostPrims<T, Reducer<T, F>> p(to, from, out, out, fn, w, /*directSend=*/false);
+    const size_t chunk = std::max<size_t>(1, to->slotBytes / sizeof(T));
+    for (size_t s = 0, g = 0; (s < sendLen || g < recvLen) && !w->failed();) {
+      if (s < sendLen) {
+        const int len = static_cast<int>(std::min(chunk, sendLen - s));
+        p.send(sendAt + s, len);
+        s += size_t(len);
+      }
+      if (g < recvLen) {
+        const int len = static_cast<int>(std::min(chunk, recvLen - g));
+        if (combine) {
+          p.recvReduceCopy(recvAt + g, recvAt + g, len);
+        } else {
+          p.recv(recvAt + g, len);
+        }
+        g += size_t(len);
+      }
+    }
+    p.finish();
+  };
   if (plan.extra) {
     stage(links.foldSend, nullptr, mid, true, false, false);
     stage(nullptr, links.foldRecv, mid, false, false, true);
     return;
   }
   if (plan.fold >= 0) stage(nullptr, links.foldRecv, mid, false, true, false);
-  if (tree) {
+  if (shape == RdShape::kHalving) {
+    // Reduce-scatter by recursive halving, the farthest partner first: in step k the range
+    // this rank holds splits in two; it keeps the half its bit k names, sends the other to
+    // rank ^ 2^k and combines that rank's copy of the half it keeps. Each element is
+    // combined by one rank at the end (with Avg's division), so every rank gets the same bits.
+    // Then the all-gather by recursive doubling over the same partners, nearest first.
+    size_t lo = 0, hi = op.count;
+    size_t los[32], his[32];  // the range held before step k
+    for (int k = plan.steps - 1; k >= 0 && !w->failed(); --k) {
+      los[k] = lo, his[k] = hi;
+      const size_t half = lo + (hi - lo) / 2;
+      const bool upper = (rank >> k) & 1;
+      const size_t keepLo = upper ? half : lo, keepHi = upper ? hi : half;
+      const size_t giveLo = upper ? lo : half, giveHi = upper ? half : hi;
+      swap(links.send[k], links.recv[k], k == 0 ? last : mid, giveLo, giveHi - giveLo, keepLo,
+           keepHi - keepLo, true);
+      lo = keepLo, hi = keepHi;
+    }
+    for (int k = 0; k < plan.steps && !w->failed(); ++k) {
+      const bool upper = (rank >> k) & 1;
+      const size_t otherLo = upper ? los[k] : hi, otherHi = upper ? lo : his[k];
+      swap(links.send[k], links.recv[k], mid, lo, hi - lo, otherLo, otherHi - otherLo, false);
+      lo = los[k], hi = his[k];
+    }
+  } else if (shape == RdShape::kTree) {
     const int level = algo::treeLevel(rank, plan.steps);
     for (int k = 0; k < level; ++k) {  // gather the partial results of the ranks below
       stage(nullptr, links.recv[k], k + 1 == plan.steps ? last : mid, false, true, false);
@@ -380,13 +429,14 @@ void runRdAllGather(const CollArgs& op, size_t bytes, int rank, int n, const RdL
   for (int k = level - 1; k >= 0; --k) stage(links.send[k], 0, nullptr, 0, all);
 }
 
-void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLinks& links, bool tree,
-                          Waiter* w) {
+void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLinks& links,
+                          RdShape shape, Waiter* w) {
   if (op.kind == CollKind::kAllGather) {
-    return runRdAllGather(op, op.count * dtypeSize(op.dtype), rank, nranks, links, tree, w);
+    return runRdAllGather(op, op.count * dtypeSize(op.dtype), rank, nranks, links,
+                          shape == RdShape::kTree, w);
   }
   byTypeAndFn(op, w, [&](auto t, auto f) {
-    runRd<decltype(t), decltype(f)::kFn>(op, rank, nranks, links, tree, w);
+    runRd<decltype(t), decltype(f)::kFn>(op, rank, nranks, links, shape, w);
   });
 }
 

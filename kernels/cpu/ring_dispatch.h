@@ -47,9 +47,14 @@ struct RdLinks {
   bool gatherByAddress = false;
   bool gatherTimed = false;
 };
-// tree: the binomial tree's reduce and broadcast over the same links instead.
-void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLinks& links, bool tree,
-                          Waiter* w);
+// The all-reduce over recursive doubling's links: kDoubling swaps and combines whole vectors;
+// kTree, the binomial tree's reduce and broadcast; kHalving, reduce-scatter by recursive
+// halving then all-gather by recursive doubling (Rabenseifner's): log2(n) steps each way, and
+// each rank sends 2(n-1)/n of the vector in all, as much as the ring's 2(n-1) steps. All-gathers
+// take doubling or (kTree) the tree.
+enum class RdShape { kDoubling, kTree, kHalving };
+void runRecursiveDoubling(const CollArgs& op, int rank, int nranks, const RdLinks& links,
+                          RdShape shape, Waiter* w);
 // The flat all-reduce's links: to and from every other rank (null for this one).
 struct FlatLinks {
   std::vector<transport::FifoView*> send, recv;

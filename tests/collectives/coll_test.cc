@@ -29,8 +29,9 @@ constexpr size_t kFifoBytes = 8192;  // NCCL_BUFFSIZE in these tests: 1 KiB slot
 // How small all-reduces and all-gathers of 3+ ranks run: as the machine decides (ranks
 // sharing cores or not), or pinned to one algorithm for every size, so that each runs on both
 // transports whatever the machine's core count. (All-gathers: doubling and tree only for a
-// power of two of ranks, the ring otherwise.)
-enum class Small { kDefault, kRing, kFlat, kDoubling, kTree };
+// power of two of ranks, the ring otherwise; with kHalving, recursive halving and doubling for
+// every all-reduce, the ring for all-gathers.)
+enum class Small { kDefault, kRing, kFlat, kDoubling, kTree, kHalving };
 
 struct MatrixSetup {
   int nranks;
@@ -49,6 +50,8 @@ const char* smallName(Small a) {
       return "doubling";
     case Small::kTree:
       return "tree";
+    case Small::kHalving:
+      return "halving";
     default:
       return "default";
   }
@@ -76,6 +79,9 @@ const char* treeMaxFor(Small a) {
 const char* flatMaxFor(Small a) {
   return a == Small::kFlat ? "1073741824" : a == Small::kDefault ? nullptr : "0";
 }
+const char* halvingMinFor(Small a) {
+  return a == Small::kHalving ? "1" : a == Small::kDefault ? nullptr : "0";
+}
 
 class Matrix : public ::testing::TestWithParam<MatrixSetup> {};
 
@@ -91,6 +97,9 @@ TEST_P(Matrix, EveryCollectiveMatchesTheOracle) {
   ScopedEnv rdGather("TUTTI_RD_ALLGATHER_MAX_BYTES", rdMaxFor(s.small));
   ScopedEnv treeGather("TUTTI_TREE_ALLGATHER_MAX_BYTES", treeMaxFor(s.small));
   ScopedEnv flatGather("TUTTI_FLAT_ALLGATHER_MAX_BYTES", flatMaxFor(s.small));
+  ScopedEnv halvingMin("TUTTI_HALVING_MIN_BYTES", halvingMinFor(s.small));
+  ScopedEnv halvingMax("TUTTI_HALVING_MAX_BYTES",
+                       s.small == Small::kHalving ? "1073741824" : nullptr);
   // 3, 4 and 8 ranks over shm: single copy (a receiver copying straight from the sender's
   // buffer) for slots of 256 bytes or more, not only for big ones.
   const bool single =
@@ -140,7 +149,8 @@ INSTANTIATE_TEST_SUITE_P(
         MatrixSetup{3, "tcp", 1, Small::kRing}, MatrixSetup{4, "tcp", 2, Small::kDoubling},
         MatrixSetup{5, "tcp", 1, Small::kTree}, MatrixSetup{8, "tcp", 1, Small::kFlat},
         MatrixSetup{8, "tcp", 2, Small::kTree}, MatrixSetup{4, "shm", 2, Small::kTree},
-        MatrixSetup{8, "shm", 1, Small::kDoubling}),
+        MatrixSetup{8, "shm", 1, Small::kDoubling}, MatrixSetup{5, "tcp", 1, Small::kHalving},
+        MatrixSetup{8, "shm", 2, Small::kHalving}, MatrixSetup{4, "tcp", 1, Small::kHalving}),
     setupName);
 
 }  // namespace
@@ -148,7 +158,8 @@ INSTANTIATE_TEST_SUITE_P(
 namespace {
 
 // Small all-reduces of 3+ ranks run recursive doubling or the flat exchange, where each rank
-// combines partial results itself, or the binomial tree; with inputs whose sums round (unlike the
+// combines partial results itself, or the binomial tree (and mid-sized ones halving and
+// doubling, where one rank combines each element); with inputs whose sums round (unlike the
 // matrix's exact ones) every rank must still end with the same bits, as a ring gives. Also
 // checks the size limit between the algorithms and that they agree with a double-precision
 // sum, and (the tree) that float max with NaNs and signed zeros gives every rank one answer.
@@ -156,13 +167,16 @@ TEST(RecursiveDoubling, EveryRankGetsTheSameBitsAndAlgorithmsAgree) {
   const std::pair<int, Small> runs[] = {
       {3, Small::kDoubling}, {5, Small::kDoubling}, {6, Small::kDoubling}, {8, Small::kDoubling},
       {3, Small::kTree},     {5, Small::kTree},     {6, Small::kTree},     {8, Small::kTree},
-      {3, Small::kFlat},     {5, Small::kFlat},     {8, Small::kFlat}};
+      {3, Small::kFlat},     {5, Small::kFlat},     {8, Small::kFlat},     {3, Small::kHalving},
+      {6, Small::kHalving},  {8, Small::kHalving}};
   for (auto [nranks, algo] : runs) {
     SCOPED_TRACE("nranks " + std::to_string(nranks) + ", " + smallName(algo));
     // 4 KB of float: the small algorithm; 64 KB: the ring.
     ScopedEnv rdMax("TUTTI_RD_MAX_BYTES", algo == Small::kDoubling ? "16384" : "0");
     ScopedEnv treeMax("TUTTI_TREE_MAX_BYTES", algo == Small::kTree ? "16384" : "0");
     ScopedEnv flatMax("TUTTI_FLAT_MAX_BYTES", algo == Small::kFlat ? "16384" : "0");
+    ScopedEnv halvingMin("TUTTI_HALVING_MIN_BYTES", algo == Small::kHalving ? "1" : "0");
+    ScopedEnv halvingMax("TUTTI_HALVING_MAX_BYTES", "16384");
     std::vector<ncclComm_t> comms = initThreads(nranks);
     const size_t count = 1000;
     std::vector<std::vector<float>> small(static_cast<size_t>(nranks)),
