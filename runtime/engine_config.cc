@@ -230,6 +230,10 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   //   4999; 4 MiB 8674 / 11414 / 10865. 4 ranks: 512 KiB 708 / 318 / 562; 1 MiB 1032 / 700 /
   //   959; 2 MiB 1734 / 1890 / 1865. 6 ranks: 512 KiB 1311 / 654 / 940; 1 MiB 1748 / 1693 /
   //   1331; 2 MiB 2372 / 3667 / 3671. 3 ranks: 512 KiB 289 / 340 / 405.
+  // With its sends straight from the output (as since), the default against halving
+  // everywhere and Open MPI: 8 ranks 1 MiB 1932 / 2155 / 2483, 2 MiB 4196 / 4088 / 4900, 4 MiB
+  // (the ring) 8943 / 9377 / 10902; 4 ranks 2 MiB (the ring) 2023 / 1745 / 2188, 4 MiB 3149 /
+  // 4189 / 4655. Runs of one algorithm spread by 10-20% here.
   // Over shm (8 ranks) it won at 512 KiB only (284 against 339) and lost from 1 MiB (2 MiB
   // 2095 against 1224): off there. Ranks with a core each over a real network: not measured.
   int p2 = 1;

@@ -158,10 +158,12 @@ void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, RdShape sh
   };
   // One halving or doubling step: [sendAt, +sendLen) of the output to the partner, and
   // [recvAt, +recvLen) from it, combined into the output or copied there; slot-sized pieces,
-  // a send and a receive in turn (the two ranges differ by an element at most).
+  // a send and a receive in turn (the two ranges differ by an element at most). Sends may go
+  // straight from the output: no later step writes a range before finish() has seen it off
+  // (tcp: onto the wire; shm: read by the partner).
   auto swap = [&](transport::FifoView* to, transport::FifoView* from, const Reducer<T, F>& fn,
                   size_t sendAt, size_t sendLen, size_t recvAt, size_t recvLen, bool combine) {
-    HostPrims<T, Reducer<T, F>> p(to, from, out, out, fn, w, /*directSend=*/false);
+    HostPrims<T, Reducer<T, F>> p(to, from, out, out, fn, w, /*directSend=*/true);
     const size_t chunk = std::max<size_t>(1, to->slotBytes / sizeof(T));
     for (size_t s = 0, g = 0; (s < sendLen || g < recvLen) && !w->failed();) {
       if (s < sendLen) {
