@@ -44,7 +44,8 @@ class Engine {
 
  private:
   Status runCollective(const CollArgs& op);
-  // tree: the binomial tree over recursive doubling's links (collectives/recursive_doubling.h).
+  // shape: doubling, the binomial tree or halving and doubling over recursive doubling's links
+  // (collectives/recursive_doubling.h, cpu::RdShape).
   Status runRecursiveDoubling(const CollArgs& op, OpState& state, cpu::RdShape shape);
   Status ensureRdLinks(OpState& state);
   Status runFlat(const CollArgs& op, OpState& state);

@@ -236,13 +236,16 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
   // 4189 / 4655. Runs of one algorithm spread by 10-20% here.
   // Over shm (8 ranks) it won at 512 KiB only (284 against 339) and lost from 1 MiB (2 MiB
   // 2095 against 1224): off there. Ranks with a core each over a real network: not measured.
+  // At most 2 MiB (8 ranks lost at 4 MiB; 16 and more were not measured). With 3 ranks the
+  // range lies under doubling's and the tree's limits, so it never runs (it lost at 512 KiB).
   int p2 = 1;
   while (p2 * 2 <= comm.nranks()) p2 *= 2;
   const bool halving = anyNet && comm.nranks() > 2;
   halvingMinBytes_ = static_cast<size_t>(
       env::getInt("TUTTI_HALVING_MIN_BYTES", halving ? int64_t(64 << 10) * p2 : 0));
   halvingMaxBytes_ = static_cast<size_t>(env::getInt(
-      "TUTTI_HALVING_MAX_BYTES", int64_t(p2 == comm.nranks() ? 256 << 10 : 128 << 10) * p2));
+      "TUTTI_HALVING_MAX_BYTES",
+      std::min<int64_t>(int64_t(p2 == comm.nranks() ? 256 << 10 : 128 << 10) * p2, 2 << 20)));
   gatherTuneMinBytes_ = shmOnly("TUTTI_ALLGATHER_TUNE_MIN_BYTES", int64_t(gatherTuneDefault));
   // With a core per rank, waits busy-poll (answers come in well under a microsecond), for up
   // to 1 ms so that a short hiccup of the peer (another process, the hypervisor) does not
@@ -263,13 +266,13 @@ Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
       "%zu, by doubling or the ring as rank 0 times them from %zu (0: never); flat broadcast "
       "from %zu (0: never), flat or chain by the machine's state from %zu (0: never) to %zu "
       "(timed anew every %u flat ones); two-rank all-reduce by exchange or the ring by the "
-      "machine's state from %zu (0: never)%s; "
-      "waits spin up to %lld ns",
+      "machine's state from %zu (0: never)%s; all-reduce by halving and doubling from %zu (0: "
+      "never) to %zu; waits spin up to %lld ns",
       comm.rank(), minChannels_, maxChannels_, comm.links().ringStepBytes(), flatMaxBytes_,
       rdMaxBytes_, treeMaxBytes_, flatGatherMaxBytes_, treeGatherMaxBytes_, rdGatherMaxBytes_,
       gatherTuneMinBytes_, flatBcastMinBytes_, stateBcastMinBytes_, stateBcastMaxBytes_,
       stateRecheck_, exchangeMinBytes_, crowded ? " (more ranks than CPUs on a machine)" : "",
-      static_cast<long long>(spinNs_));
+      halvingMinBytes_, halvingMaxBytes_, static_cast<long long>(spinNs_));
 }
 
 }  // namespace tutti

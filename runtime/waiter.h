@@ -66,8 +66,8 @@ class Waiter {
 
   explicit Waiter(OpState* op) : op_(op) {}
 
-  // What a wait is for: space to send into (the peer moves head), or data (the peer moves
-  // tail).
+  // What a wait is for: space to send into (the peer moves head), or data (the peer posts a
+  // step: tail, or over shm the step's cell word).
   enum class Dir { kSend, kRecv };
 
   // Records the CPU this rank waits on in f's control block, and says whether the peer ran

@@ -80,7 +80,7 @@ struct alignas(64) FifoCtrl {
   char pad1[52];
   std::atomic<uint64_t> sizes[kSteps];
   // Single copy (shm): the address of a step's payload in the sender's memory, or 0 when the
-  // payload is in its slot or cell. Written before tail publishes the step.
+  // payload is in its slot or cell. Written before tail (and the cell word) publishes the step.
   std::atomic<uint64_t> src[kSteps];
   // Set by either side when its communicator fails or aborts: the other stops waiting.
   std::atomic<uint32_t> broken;
@@ -289,7 +289,7 @@ class Connection {
     (void)dst;
     (void)bytes;
   }
-  // Receiver, once tail has passed `step`: brings its payload to the dst of recvInto
+  // Receiver, once `step` is posted (transport::posted): brings its payload to the dst of recvInto
   // (*inDst = true) or to the slot (*inDst = false), copying if the transport must.
   virtual Status land(uint64_t step, bool* inDst) {
     (void)step;

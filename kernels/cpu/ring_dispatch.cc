@@ -125,11 +125,12 @@ void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
   p.finish();
 }
 
-// Recursive doubling (or, with `tree`, the binomial tree over the same links) on the output
-// buffer. Each rank first writes pre(input), rounded to T, into its output, so that every
-// later combination takes two values of the same precision from the two partners and gives
-// both the same bits. Sends copy through slots (never
-// straight from the output, which the step's own reduction overwrites in place).
+// Recursive doubling (or, by `shape`, the binomial tree or halving and doubling over the same
+// links) on the output buffer. Each rank first writes pre(input), rounded to T, into its
+// output, so that every later combination takes two values of the same precision from the two
+// partners and gives both the same bits. Doubling's and the tree's sends copy through slots
+// (never straight from the output, which the step's own reduction overwrites in place);
+// halving's may go straight from it (swap, below).
 template <typename T, RedFn F>
 void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, RdShape shape, Waiter* w) {
   using E = Elem<T>;

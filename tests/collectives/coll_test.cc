@@ -38,6 +38,9 @@ struct MatrixSetup {
   const char* transport;  // "shm" or "tcp"
   int minChannels;
   Small small = Small::kDefault;
+  // The default NCCL_BUFFSIZE instead of kFifoBytes: shm FIFOs then have cells (1 KiB slots
+  // have none), and the cases' payloads, sized for 1 KiB slots, go through them.
+  bool cells = false;
 };
 
 const char* smallName(Small a) {
@@ -59,13 +62,15 @@ const char* smallName(Small a) {
 
 void PrintTo(const MatrixSetup& s, std::ostream* os) {
   *os << s.nranks << " ranks over " << s.transport << ", " << s.minChannels
-      << "+ channels, small all-reduces and all-gathers: " << smallName(s.small);
+      << "+ channels, small all-reduces and all-gathers: " << smallName(s.small)
+      << (s.cells ? ", default buffers (cells)" : "");
 }
 
 std::string setupName(const ::testing::TestParamInfo<MatrixSetup>& info) {
   std::string name = std::string(info.param.transport) + "_" + std::to_string(info.param.nranks) +
                      "ranks_" + std::to_string(info.param.minChannels) + "ch";
   if (info.param.small != Small::kDefault) name += std::string("_") + smallName(info.param.small);
+  if (info.param.cells) name += "_cells";
   return name;
 }
 
@@ -87,7 +92,7 @@ class Matrix : public ::testing::TestWithParam<MatrixSetup> {};
 
 TEST_P(Matrix, EveryCollectiveMatchesTheOracle) {
   const MatrixSetup s = GetParam();
-  ScopedEnv buff("NCCL_BUFFSIZE", std::to_string(kFifoBytes).c_str());
+  ScopedEnv buff("NCCL_BUFFSIZE", s.cells ? nullptr : std::to_string(kFifoBytes).c_str());
   ScopedEnv shm("NCCL_SHM_DISABLE", std::string(s.transport) == "tcp" ? "1" : nullptr);
   ScopedEnv ch("NCCL_MIN_NCHANNELS", std::to_string(s.minChannels).c_str());
   ScopedEnv timeout("TUTTI_TIMEOUT", "60");
@@ -150,7 +155,9 @@ INSTANTIATE_TEST_SUITE_P(
         MatrixSetup{5, "tcp", 1, Small::kTree}, MatrixSetup{8, "tcp", 1, Small::kFlat},
         MatrixSetup{8, "tcp", 2, Small::kTree}, MatrixSetup{4, "shm", 2, Small::kTree},
         MatrixSetup{8, "shm", 1, Small::kDoubling}, MatrixSetup{5, "tcp", 1, Small::kHalving},
-        MatrixSetup{8, "shm", 2, Small::kHalving}, MatrixSetup{4, "tcp", 1, Small::kHalving}),
+        MatrixSetup{8, "shm", 2, Small::kHalving}, MatrixSetup{4, "tcp", 1, Small::kHalving},
+        MatrixSetup{3, "shm", 1, Small::kRing, true},
+        MatrixSetup{4, "shm", 2, Small::kDefault, true}),
     setupName);
 
 }  // namespace
@@ -225,6 +232,14 @@ TEST(RecursiveDoubling, EveryRankGetsTheSameBitsAndAlgorithmsAgree) {
                               nullptr),
                 ncclSuccess);
     });
+    // Halving and doubling ran: every core rank's link to rank ^ 2 (no ring neighbour at 6 or
+    // 8 ranks; no other algorithm is left on for these sizes) carried its steps.
+    const int core = nranks == 8 ? 8 : 4;  // the largest power of two of ranks (6 or 8)
+    for (int r = 0; algo == Small::kHalving && nranks >= 6 && r < core; ++r) {
+      const tutti::transport::FifoView* f =
+          reinterpret_cast<tutti::Comm*>(comms[size_t(r)])->links().send(r ^ 2, 0);
+      EXPECT_TRUE(f && f->step > 0) << "rank " << r << ": nothing went to rank " << (r ^ 2);
+    }
     for (int r = 1; r < nranks; ++r) {
       EXPECT_EQ(small[size_t(r)], small[0]) << "rank " << r;
       EXPECT_EQ(big[size_t(r)], big[0]) << "rank " << r;

@@ -97,7 +97,7 @@ struct alignas(64) ShmHelp {
   // TUTTI_SHM_SINGLE_COPY_MIN says.
   alignas(64) std::atomic<uint64_t> senderMin;
   // The piece size of each payload sent by address, written by the sender with src and
-  // published with tail (pieceBytes).
+  // published with the step (tail and the cell word; pieceBytes).
   alignas(64) std::atomic<uint32_t> piece[kSteps];
 };
 constexpr size_t kHeader = sizeof(FifoCtrl) + sizeof(ShmHelp);
