@@ -59,8 +59,9 @@ constexpr uint64_t kSizeMask = (1ull << 40) - 1;
 // tail, the size word and the payload took three, one after the other (each read waits for
 // the one before). A cell is reused kSteps steps later, so a stale word is a whole number of
 // kSteps behind and never matches. (A cell holds its word and cellBytes: cellStrideFor.) 2 ranks
-// over shm, 16 B-256 B all-gathers in the fast state, medians of 5 interleaved rounds: see the
-// commit that brought it (docs/host-results.md).
+// over shm, 8 B all-gather, old / new / Open MPI, medians of 7 rounds in random order, us:
+// 0.29 / 0.20 / 0.14 with the CPUs on one die, 0.65 / 0.37 / 0.39 on two (docs/host-results.md,
+// "Small steps over shm").
 constexpr size_t kCellHeader = 8;
 constexpr int kCellSeqShift = 40;
 constexpr uint64_t kCellSeqMask = ((1ull << 21) - 1) << kCellSeqShift;
