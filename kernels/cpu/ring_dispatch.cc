@@ -100,8 +100,18 @@ void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
   // (a survey of 2 ranks, each run between two line round trips over 250 ns, 12-26 runs each,
   // medians, us, inputs by address / through slots / Open MPI): 4 MiB 1595 / 2081 / 4340;
   // 16 MiB 7892 / 8690 / 8130; 64 MiB 30546 / 32842 / 77498.
-  const bool inputDirect = algo == Algo::kRing && sendTo && sendTo->conn &&
-                           (sendTo->conn->directPaysIntoSlot() || sendTo->conn->copiesRunSlow());
+  // The pair exchange (tcp) too, out of place: it reduces each received chunk into the output
+  // at the offset it just sent from the input, so in place a chunk could still be on its way
+  // out while it is overwritten.
+  const size_t bytes = op.count * sizeof(T);
+  const auto* in = static_cast<const char*>(op.send);
+  const auto* outp = static_cast<const char*>(op.recv);
+  const bool outOfPlace = in + bytes <= outp || outp + bytes <= in;
+  const bool inputDirect =
+      sendTo && sendTo->conn &&
+      ((algo == Algo::kRing &&
+        (sendTo->conn->directPaysIntoSlot() || sendTo->conn->copiesRunSlow())) ||
+       (algo == Algo::kPair && outOfPlace && sendTo->conn->directPaysIntoSlot()));
   HostPrims<T, Reducer<T, F>> p(sendTo, recvFrom, static_cast<const T*>(op.send),
                                 static_cast<T*>(op.recv), fn, w, inputDirect);
   switch (op.kind) {
