@@ -45,6 +45,14 @@ struct CollArgs {
   int root;                // root, or peer for send/recv
   void* stream = nullptr;  // cudaStream_t: where an operation on GPU buffers is enqueued
   bool device = false;     // GPU buffers: the CUDA engine runs it
+
+  // Whether input and output, `bytes` each (an all-reduce's), share no byte: buffers that
+  // overlap in part count as in place.
+  bool outOfPlace(size_t bytes) const {
+    const auto* in = static_cast<const char*>(send);
+    const auto* out = static_cast<const char*>(recv);
+    return in + bytes <= out || out + bytes <= in;
+  }
 };
 
 }  // namespace tutti

@@ -178,9 +178,7 @@ Status Engine::runCollective(const CollArgs& op) {
       total >= exchangeMinBytes_ && !op.red.pre && cpu::rdSymmetric(op) &&
       !comm_.links().ringUsesNet()) {
     // (Buffers that overlap in part count as in place.)
-    const auto* in = static_cast<const char*>(op.send);
-    const auto* out = static_cast<const char*>(op.recv);
-    const bool outOfPlace = in + total <= out || out + total <= in;
+    const bool outOfPlace = op.outOfPlace(total);
     int way;
     {
       Waiter w(&state);

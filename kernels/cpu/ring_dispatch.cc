@@ -42,6 +42,17 @@ size_t chunkToRecv(P& p, size_t left, size_t slot, size_t big) {
   return std::min(big > slot && p.nextByAddress() ? big : slot, left);
 }
 
+// Sends sendLen units and receives recvLen, a piece at a time in turn, so that two partners
+// never both wait to send: send(at) and recv(at) move the piece that starts `at` units in and
+// return its length.
+template <class Send, class Recv>
+void inTurn(size_t sendLen, size_t recvLen, Waiter* w, Send&& send, Recv&& recv) {
+  for (size_t sent = 0, got = 0; (sent < sendLen || got < recvLen) && !w->failed();) {
+    if (sent < sendLen) sent += send(sent);
+    if (got < recvLen) got += recv(got);
+  }
+}
+
 // Algo::kExchange (two ranks over shm, both calls out of place): each rank sends its whole
 // input by address, in chunks of kExchangeChunkBytes, which land straight in the other's
 // output to be reduced there in place with its own input; a chunk that cannot go by address
@@ -66,19 +77,18 @@ void exchangeAllReduce(const CollArgs& op, const algo::RingArgs& a, const Reduce
   p.preferAddress(transport::SendHow::kTwoRanks);
   p.leaveCopiesToReceiver();
   const size_t big = std::max(a.chunk, kExchangeChunkBytes / sizeof(T));
-  size_t sent = 0, got = 0;
-  while ((sent < a.count || got < a.count) && !w->failed()) {
-    if (sent < a.count) {
-      const size_t len = chunkToSend(p, a.count - sent, a.chunk, big);
-      p.send(a.base + sent, int(len));
-      sent += len;
-    }
-    if (got < a.count) {
-      const size_t len = chunkToRecv(p, a.count - got, a.chunk, big);
-      p.recvReduceInOutput(a.base + got, int(len));
-      got += len;
-    }
-  }
+  inTurn(
+      a.count, a.count, w,
+      [&](size_t at) {
+        const size_t len = chunkToSend(p, a.count - at, a.chunk, big);
+        p.send(a.base + at, int(len));
+        return len;
+      },
+      [&](size_t at) {
+        const size_t len = chunkToRecv(p, a.count - at, a.chunk, big);
+        p.recvReduceInOutput(a.base + at, int(len));
+        return len;
+      });
   p.finish();
 }
 
@@ -103,15 +113,11 @@ void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
   // The pair exchange (tcp) too, out of place: it reduces each received chunk into the output
   // at the offset it just sent from the input, so in place a chunk could still be on its way
   // out while it is overwritten.
-  const size_t bytes = op.count * sizeof(T);
-  const auto* in = static_cast<const char*>(op.send);
-  const auto* outp = static_cast<const char*>(op.recv);
-  const bool outOfPlace = in + bytes <= outp || outp + bytes <= in;
-  const bool inputDirect =
-      sendTo && sendTo->conn &&
-      ((algo == Algo::kRing &&
-        (sendTo->conn->directPaysIntoSlot() || sendTo->conn->copiesRunSlow())) ||
-       (algo == Algo::kPair && outOfPlace && sendTo->conn->directPaysIntoSlot()));
+  const bool inputDirect = sendTo && sendTo->conn &&
+                           ((algo == Algo::kRing && (sendTo->conn->directPaysIntoSlot() ||
+                                                     sendTo->conn->copiesRunSlow())) ||
+                            (algo == Algo::kPair && sendTo->conn->directPaysIntoSlot() &&
+                             op.outOfPlace(op.count * sizeof(T))));
   HostPrims<T, Reducer<T, F>> p(sendTo, recvFrom, static_cast<const T*>(op.send),
                                 static_cast<T*>(op.recv), fn, w, inputDirect);
   switch (op.kind) {
@@ -176,22 +182,22 @@ void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, RdShape sh
                   size_t sendAt, size_t sendLen, size_t recvAt, size_t recvLen, bool combine) {
     HostPrims<T, Reducer<T, F>> p(to, from, out, out, fn, w, /*directSend=*/true);
     const size_t chunk = std::max<size_t>(1, to->slotBytes / sizeof(T));
-    for (size_t s = 0, g = 0; (s < sendLen || g < recvLen) && !w->failed();) {
-      if (s < sendLen) {
-        const int len = static_cast<int>(std::min(chunk, sendLen - s));
-        p.send(sendAt + s, len);
-        s += size_t(len);
-      }
-      if (g < recvLen) {
-        const int len = static_cast<int>(std::min(chunk, recvLen - g));
-        if (combine) {
-          p.recvReduceCopy(recvAt + g, recvAt + g, len);
-        } else {
-          p.recv(recvAt + g, len);
-        }
-        g += size_t(len);
-      }
-    }
+    inTurn(
+        sendLen, recvLen, w,
+        [&](size_t at) {
+          const size_t len = std::min(chunk, sendLen - at);
+          p.send(sendAt + at, int(len));
+          return len;
+        },
+        [&](size_t at) {
+          const size_t len = std::min(chunk, recvLen - at);
+          if (combine) {
+            p.recvReduceCopy(recvAt + at, recvAt + at, int(len));
+          } else {
+            p.recv(recvAt + at, int(len));
+          }
+          return len;
+        });
     p.finish();
   };
   if (plan.extra) {
@@ -357,23 +363,22 @@ void byTypeAndFn(const CollArgs& op, Waiter* w, Body&& body) {
 // elsewhere, and where big == slot, every chunk is a slot, nothing to tell).
 void exchangeChunks(HostPrims<uint8_t, CopyOnly>& p, size_t sendIn, size_t sendOut, size_t sendLen,
                     size_t recvAt, size_t recvLen, size_t slot, size_t big, Waiter* w) {
-  size_t sent = 0, got = 0;
   // Each block's last chunk says so: with slot-sized chunks, blocks of different lengths would
   // otherwise match chunk for chunk, and the longer one's sender wait for ever.
-  while ((sent < sendLen || got < recvLen) && !w->failed()) {
-    if (sent < sendLen) {
-      const size_t len = chunkToSend(p, sendLen - sent, slot, big);
-      p.markLast(sent + len == sendLen);
-      p.copySend(sendIn + sent, sendOut + sent, static_cast<int>(len));
-      sent += len;
-    }
-    if (got < recvLen) {
-      const size_t len = chunkToRecv(p, recvLen - got, slot, big);
-      p.expectLast(got + len == recvLen ? 1 : 0);
-      p.recv(recvAt + got, static_cast<int>(len));
-      got += len;
-    }
-  }
+  inTurn(
+      sendLen, recvLen, w,
+      [&](size_t at) {
+        const size_t len = chunkToSend(p, sendLen - at, slot, big);
+        p.markLast(at + len == sendLen);
+        p.copySend(sendIn + at, sendOut + at, static_cast<int>(len));
+        return len;
+      },
+      [&](size_t at) {
+        const size_t len = chunkToRecv(p, recvLen - at, slot, big);
+        p.expectLast(at + len == recvLen ? 1 : 0);
+        p.recv(recvAt + at, static_cast<int>(len));
+        return len;
+      });
   p.markLast(false);
   p.expectLast(-1);
 }
