@@ -509,7 +509,6 @@ void DeviceEngine::breakLinks() {
 }
 
 Status DeviceEngine::kernelError() const { return Status::Ok(); }
-void DeviceEngine::breakLinks() {}
 
 #endif
 
