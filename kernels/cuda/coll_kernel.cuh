@@ -37,6 +37,11 @@ __device__ void setUp(P& p, const DevWork& w, const DevOp& op, const DevConn* sc
     if (rc) sh->recvStep = ldVolatile(rc->head);
   }
   __syncthreads();
+  // Thread 0 writes these again only at the next operation, after the kernel's barrier
+  // between operations.
+  p.sendStep_ = sc ? sh->sendStep : 0;
+  p.recvStep_ = rc ? sh->recvStep : 0;
+  p.headSeen_ = 0;
 }
 
 // Both return whether the block gave up (the same in all its threads).

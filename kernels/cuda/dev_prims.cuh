@@ -120,9 +120,11 @@ __device__ __forceinline__ bool loadLine(const char* line, uint32_t flag, uint64
 __device__ __forceinline__ void spinPause() {}
 #endif
 
-// Per-block state shared by the threads of one channel.
+// Per-block state shared by the threads of one channel: words thread 0 hands the others
+// through a barrier.
 struct BlockState {
-  uint64_t sendStep, recvStep;
+  uint64_t sendStep, recvStep;  // where the FIFOs stand when an operation starts (setUp)
+  uint64_t head;                // the send FIFO's head as thread 0 last read it
   int failed;  // a hint for spinning threads to stop early; decisions use barrier votes
 };
 
@@ -235,6 +237,10 @@ struct PrimsBase {
   Red<T, F> red;
   WaitCtx ctx;
   bool failed_ = false;
+  // Every thread keeps the steps and the last head seen itself, all alike (every thread runs
+  // the same primitives): no barrier is needed to hand them on, only to agree on waits.
+  uint64_t sendStep_ = 0, recvStep_ = 0;
+  uint64_t headSeen_ = 0;  // 0: unknown, the first wait for a slot reads it
 
   __device__ bool failed() const { return failed_; }
   // Every thread's verdict, combined at a barrier.
@@ -243,45 +249,51 @@ struct PrimsBase {
     return !failed_;
   }
 
-  // Thread 0 waits until the send slot is free; every thread learns whether to go on.
+  // Whether the send slot is free; every thread learns whether to go on. A slot that the
+  // head seen last already frees takes no load and no barrier, so one read of head serves up
+  // to kSteps steps: the acquire that saw it, and the barrier after, order this step's writes
+  // after the receiver's reads of the slot.
   __device__ bool waitSendSlot() {
+    if (headSeen_ + kSteps > sendStep_) return true;  // alike in every thread
     bool stop = false;
     if (threadIdx.x == 0) {
-      const uint64_t step = ctx.sh->sendStep;
       uint64_t since = 0;
       int spins = 0;
-      while (ldAcquire(sc->head, sc->gpuScope) + kSteps <= step) {
+      uint64_t head;
+      while ((head = ldAcquire(sc->head, sc->gpuScope)) + kSteps <= sendStep_) {
         spinPause();
         if (++spins == kSpinsPerCheck) {
           spins = 0;
           if ((stop = ctx.mustStop(sc, &since))) break;
         }
       }
+      // Read by the others after the barrier below; thread 0 writes it again only in a later
+      // wait, after at least one more barrier (every primitive that sends has one).
+      ctx.sh->head = head;
     }
-    return vote(stop);
+    if (!vote(stop)) return false;
+    headSeen_ = ctx.sh->head;
+    return true;
   }
   __device__ char* sendSlot(bool ll) const {
-    const uint64_t k = ctx.sh->sendStep % kSteps;
+    const uint64_t k = sendStep_ % kSteps;
     return ll ? sc->ll + k * sc->llSlotBytes : sc->slots + k * sc->slotBytes;
   }
   __device__ char* recvSlot(bool ll) const {
-    const uint64_t k = ctx.sh->recvStep % kSteps;
+    const uint64_t k = recvStep_ % kSteps;
     return ll ? rc->ll + k * rc->llSlotBytes : rc->slots + k * rc->slotBytes;
   }
   // After every thread is done with the received slot (stop: this thread gave up on it):
-  // free it for the sender.
+  // thread 0 frees it for the sender.
   __device__ void releaseRecv(bool stop) {
     if (!vote(stop)) return;
-    if (threadIdx.x == 0) {
-      stRelease(rc->head, ctx.sh->recvStep + 1, rc->gpuScope);
-      ctx.sh->recvStep += 1;
-    }
-    __syncthreads();
+    if (threadIdx.x == 0) stRelease(rc->head, recvStep_ + 1, rc->gpuScope);
+    recvStep_ += 1;
   }
   // Thread 0 records the send step in the sender's own word (see DevConn::step).
   __device__ void advanceSend() {
-    ctx.sh->sendStep += 1;
-    stVolatile(sc->step, ctx.sh->sendStep);
+    sendStep_ += 1;
+    if (threadIdx.x == 0) stVolatile(sc->step, sendStep_);
   }
 };
 
@@ -301,7 +313,7 @@ struct SimplePrims : PrimsBase<T, F> {
   __device__ bool waitRecv(size_t n, int last = kAnyLast) {
     bool stop = false;
     if (threadIdx.x == 0) {
-      const uint64_t step = ctx.sh->recvStep;
+      const uint64_t step = B::recvStep_;
       uint64_t since = 0;
       int spins = 0;
       while (ldAcquire(rc->tail, rc->gpuScope) <= step) {
@@ -326,12 +338,11 @@ struct SimplePrims : PrimsBase<T, F> {
     __syncthreads();
     if (threadIdx.x == 0) {
       fenceBefore(sc->gpuScope);  // the block's slot writes before the counter
-      const uint64_t step = ctx.sh->sendStep;
+      const uint64_t step = B::sendStep_;
       stVolatile(sc->sizes + step % kSteps, n * sizeof(T) | (last ? kLastSlot : 0));
       stRelease(sc->tail, step + 1, sc->gpuScope);
-      B::advanceSend();
     }
-    __syncthreads();
+    B::advanceSend();
   }
 
   // Point-to-point: one step of a message, the last one flagged, so that a receiver expecting
@@ -451,8 +462,8 @@ struct LLPrims : PrimsBase<T, F> {
     const int lines = int((bytes + 7) / 8);
     char* sline = kSend ? B::sendSlot(true) : nullptr;
     char* rline = kRecv ? B::recvSlot(true) : nullptr;
-    const uint32_t sflag = kSend ? llFlag(ctx.sh->sendStep) : 0;
-    const uint32_t rflag = kRecv ? llFlag(ctx.sh->recvStep) : 0;
+    const uint32_t sflag = kSend ? llFlag(B::sendStep_) : 0;
+    const uint32_t rflag = kRecv ? llFlag(B::recvStep_) : 0;
     bool stop = false;
     for (int i = threadIdx.x; i < lines; i += blockDim.x) {
       const int valid = int(bytes - size_t(i) * 8 < 8 ? bytes - size_t(i) * 8 : 8);
@@ -479,16 +490,14 @@ struct LLPrims : PrimsBase<T, F> {
       if (outp) store8(reinterpret_cast<char*>(outp) + size_t(i) * 8, v, valid);
       if (kSend) storeLine(sline + size_t(i) * 16, v, sflag);
     }
-    // Every thread has written and read its lines: agree on the outcome, then move on.
+    // Every thread has written and read its lines: agree on the outcome, then move on (the
+    // next step needs no barrier first: each thread has the steps itself).
     if (!B::vote(stop)) return;
-    if (threadIdx.x == 0) {
-      if (kSend) B::advanceSend();  // bookkeeping only: receivers poll the lines
-      if (kRecv) {
-        stRelease(rc->head, ctx.sh->recvStep + 1, rc->gpuScope);
-        ctx.sh->recvStep += 1;
-      }
+    if (kSend) B::advanceSend();  // bookkeeping only: receivers poll the lines
+    if (kRecv) {
+      if (threadIdx.x == 0) stRelease(rc->head, B::recvStep_ + 1, rc->gpuScope);
+      B::recvStep_ += 1;
     }
-    __syncthreads();
   }
 
   __device__ void send(size_t inOff, int n) { step<kOpPre, false, true>(in + inOff, nullptr, n); }
