@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
+#include <optional>
 
 #include "runtime/bootstrap.h"
 #include "runtime/comm.h"
@@ -14,6 +14,7 @@
 #include "runtime/env.h"
 #include "runtime/links.h"
 #include "runtime/log.h"
+#include "runtime/stream_entries.h"
 
 #ifdef TUTTI_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -331,17 +332,8 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
 // from another thread waits only for the stream work issued before the first sibling's call.
 // Inside one group (runBatches) all entries come before any join, and nothing changes.
 namespace {
-struct SharedEntry {
-  uint64_t commHash;
-  void* stream;
-  uint64_t seq;
-  cudaEvent_t event;
-  int left;  // siblings yet to use it
-};
 std::mutex gSharedMu;
-std::deque<SharedEntry> gShared;       // oldest first
 std::vector<cudaEvent_t> gFreeEvents;  // used ones, for the next entries
-constexpr size_t kMaxShared = 1024;
 
 void releaseEvent(cudaEvent_t e) {  // gSharedMu held
   if (gFreeEvents.size() < 64) {
@@ -350,6 +342,8 @@ void releaseEvent(cudaEvent_t e) {  // gSharedMu held
     cudaEventDestroy(e);
   }
 }
+// Entries of siblings that use streams of their own are never claimed: a bounded few stay.
+StreamEntries<cudaEvent_t> gShared(1024, releaseEvent);
 }  // namespace
 
 // direct: the group may launch on this stream itself (it names no other). A sibling that
@@ -366,14 +360,12 @@ Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follo
     return st.ok() ? cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, e, 0)) : st;
   }
   std::lock_guard<std::mutex> lock(gSharedMu);
-  for (auto it = gShared.begin(); it != gShared.end(); ++it) {
-    if (it->commHash != comm_.commHash() || it->stream != s || it->seq != groupSeq_) continue;
+  const StreamEntryKey key{comm_.commHash(), s, groupSeq_};
+  if (std::optional<cudaEvent_t> entry = gShared.claim(key)) {
     *follower = true;
-    Status st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, it->event, 0));
-    if (--it->left == 0) {
-      releaseEvent(it->event);
-      gShared.erase(it);
-    }
+    // (An entry used up is back in gFreeEvents, but no other thread records it before this
+    // wait: gSharedMu is held.)
+    Status st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, *entry, 0));
     if (!grouped && !warnedShared_) {
       warnedShared_ = true;
       TUTTI_WARN(
@@ -400,12 +392,7 @@ Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follo
     releaseEvent(e);
     return st;
   }
-  gShared.push_back({comm_.commHash(), s, groupSeq_, e, siblings_});
-  // Entries of siblings that use streams of their own are never claimed: keep a bounded few.
-  while (gShared.size() > kMaxShared) {
-    releaseEvent(gShared.front().event);
-    gShared.pop_front();
-  }
+  gShared.add(key, e, siblings_);
   return Status::Ok();
 }
 
@@ -457,7 +444,12 @@ Status DeviceEngine::leave() {
   Status st;
   if (target_ && target_ != stream_) {
     // Launched on the caller's stream: stream order is the fence. An event marks the
-    // kernels' end for the destructor.
+    // kernels' end for the destructor. Copies alone (one rank) use no memory of the engine's:
+    // no event, one CUDA call less per operation.
+    if (plan_.launches.empty()) {
+      clearPlan();
+      return Status::Ok();
+    }
     auto it = std::find_if(directDone_.begin(), directDone_.end(),
                            [&](const std::pair<void*, void*>& d) { return d.first == target_; });
     if (it == directDone_.end()) {

@@ -1,0 +1,66 @@
+// StreamEntries: the entries ranks sharing a GPU leave each other on a shared stream
+// (runtime/device_engine.cc). Events are ints here; release records what came back.
+#include "runtime/stream_entries.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace {
+
+using tutti::StreamEntries;
+using tutti::StreamEntryKey;
+
+int streams[2];  // two distinct stream handles
+const void* const A = &streams[0];
+const void* const B = &streams[1];
+
+TEST(StreamEntries, EachSiblingClaimsTheEntryOnceThenItGoes) {
+  std::vector<int> released;
+  StreamEntries<int> t(1024, [&](int e) { released.push_back(e); });
+  t.add({7, A, 1}, 100, 3);  // the first of 4 ranks on stream A, group 1
+  EXPECT_FALSE(t.claim({7, A, 2}).has_value()) << "another group";
+  EXPECT_FALSE(t.claim({7, B, 1}).has_value()) << "another stream";
+  EXPECT_FALSE(t.claim({8, A, 1}).has_value()) << "another communicator";
+  for (int i = 0; i < 3; ++i) {
+    auto e = t.claim({7, A, 1});
+    ASSERT_TRUE(e.has_value()) << "sibling " << i;
+    EXPECT_EQ(*e, 100);
+    EXPECT_EQ(released.size(), i == 2 ? 1u : 0u) << "released only once all three claimed it";
+  }
+  EXPECT_EQ(released, std::vector<int>{100});
+  EXPECT_FALSE(t.claim({7, A, 1}).has_value()) << "a fourth claim finds nothing";
+  EXPECT_EQ(t.size(), 0u);
+}
+
+TEST(StreamEntries, UnclaimedEntriesStayWithinTheBoundOldestGoFirst) {
+  std::vector<int> released;
+  StreamEntries<int> t(4, [&](int e) { released.push_back(e); });
+  // Siblings with a stream each: nobody claims. Every new entry beyond 4 pushes the oldest out.
+  for (int g = 0; g < 10; ++g) t.add({7, A, uint64_t(g)}, 100 + g, 1);
+  EXPECT_EQ(t.size(), 4u);
+  EXPECT_EQ(released, (std::vector<int>{100, 101, 102, 103, 104, 105}));
+  EXPECT_FALSE(t.claim({7, A, 5}).has_value());
+  for (int g = 6; g < 10; ++g) EXPECT_EQ(t.claim({7, A, uint64_t(g)}).value_or(-1), 100 + g);
+  EXPECT_EQ(t.size(), 0u);
+  // Claimed entries still hold their place in the order once: the bound counts them until
+  // they pass, and no live entry is pushed out early by them.
+  released.clear();
+  t.add({7, B, 20}, 200, 1);
+  t.add({7, B, 21}, 201, 1);
+  EXPECT_TRUE(released.empty()) << "the claimed keys went first";
+  EXPECT_EQ(t.claim({7, B, 20}).value_or(-1), 200);
+  EXPECT_EQ(t.claim({7, B, 21}).value_or(-1), 201);
+}
+
+TEST(StreamEntries, ManyEntriesAreFoundByKey) {
+  int releases = 0;
+  StreamEntries<int> t(1024, [&](int) { ++releases; });
+  for (int g = 0; g < 1000; ++g) t.add({uint64_t(g % 3), g % 2 ? A : B, uint64_t(g)}, g, 1);
+  for (int g = 999; g >= 0; --g) {
+    EXPECT_EQ(t.claim({uint64_t(g % 3), g % 2 ? A : B, uint64_t(g)}).value_or(-1), g);
+  }
+  EXPECT_EQ(releases, 1000);
+}
+
+}  // namespace
