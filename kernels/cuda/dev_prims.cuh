@@ -283,11 +283,15 @@ struct PrimsBase {
     const uint64_t k = recvStep_ % kSteps;
     return ll ? rc->ll + k * rc->llSlotBytes : rc->slots + k * rc->slotBytes;
   }
+  // The thread that frees received slots: the block's last. Thread 0 waits for the next step
+  // (and holds a small LL step's only line), so it goes on at once while another warp pays
+  // for the release's fence.
+  __device__ static bool releaser() { return threadIdx.x == blockDim.x - 1; }
   // After every thread is done with the received slot (stop: this thread gave up on it):
-  // thread 0 frees it for the sender.
+  // free it for the sender.
   __device__ void releaseRecv(bool stop) {
     if (!vote(stop)) return;
-    if (threadIdx.x == 0) stRelease(rc->head, recvStep_ + 1, rc->gpuScope);
+    if (releaser()) stRelease(rc->head, recvStep_ + 1, rc->gpuScope);
     recvStep_ += 1;
   }
   // Thread 0 records the send step in the sender's own word (see DevConn::step).
@@ -495,7 +499,7 @@ struct LLPrims : PrimsBase<T, F> {
     if (!B::vote(stop)) return;
     if (kSend) B::advanceSend();  // bookkeeping only: receivers poll the lines
     if (kRecv) {
-      if (threadIdx.x == 0) stRelease(rc->head, B::recvStep_ + 1, rc->gpuScope);
+      if (B::releaser()) stRelease(rc->head, B::recvStep_ + 1, rc->gpuScope);
       B::recvStep_ += 1;
     }
   }
