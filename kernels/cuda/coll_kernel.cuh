@@ -31,11 +31,10 @@ __device__ void setUp(P& p, const DevWork& w, const DevOp& op, const DevConn* sc
   if (op.hasPost) p.red.postDivisor = static_cast<typename E::Acc>(w.nranks);
   p.ctx = WaitCtx{&w, sh, sc, rc, channel, op.kind, op.seq};
   p.failed_ = false;
-  // Each end's step is a counter only it writes (see DevConn).
-  if (threadIdx.x == 0) {
-    if (sc) sh->sendStep = ldVolatile(sc->step);
-    if (rc) sh->recvStep = ldVolatile(rc->head);
-  }
+  // Each end's step is a counter only it writes (see DevConn). Two threads read the two at
+  // once (each read is a trip to L2 or further); the one that frees received slots reads head.
+  if (sc && threadIdx.x == 0) sh->sendStep = ldVolatile(sc->step);
+  if (rc && P::releaser()) sh->recvStep = ldVolatile(rc->head);
   __syncthreads();
   // Thread 0 writes these again only at the next operation, after the kernel's barrier
   // between operations.
