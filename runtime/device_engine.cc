@@ -493,7 +493,7 @@ Status DeviceEngine::plan(const CollArgs*, size_t) { return Status::Ok(); }
 Status DeviceEngine::prepare(const CollArgs*, size_t) {
   return invalidUsage("tutti was built without CUDA: no GPU buffers");
 }
-Status DeviceEngine::enter(bool grouped) { return Status::Ok(); }
+Status DeviceEngine::enter(bool) { return Status::Ok(); }
 Status DeviceEngine::launch() { return Status::Ok(); }
 Status DeviceEngine::leave() { return Status::Ok(); }
 Status DeviceEngine::launchPrepared() { return Status::Ok(); }
