@@ -141,6 +141,7 @@ class CudaModel : public GpuModel {
     for (void* p : {(void*)params_, (void*)grads_, (void*)mom_, (void*)wire_, (void*)x_, (void*)y_,
                     (void*)sums_, (void*)delta_, (void*)deltaNext_})
       if (p) cudaFree(p);
+    if (workspace_) cudaFree(workspace_);
     for (float* a : act_) cudaFree(a);
     if (hostX_) cudaFreeHost(hostX_);
     if (hostY_) cudaFreeHost(hostY_);
@@ -196,13 +197,18 @@ class CudaModel : public GpuModel {
       if (good) good = ok(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEvent", error);
     }
     if (!good) return false;
+    // cuBLAS's workspace is this rank's own, allocated now: a pool cuBLAS allocated on first
+    // use would be a cudaMalloc while a sibling rank's collective may wait for this thread.
+    // (After cublasSetStream, which puts a handle back on the default pool.)
+    if (!ok(cudaMalloc(&workspace_, kWorkspaceBytes), "cudaMalloc", error)) return false;
+    // Plain fp32 products (no TF32), as the CPU's BLAS computes them.
     if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetStream(blas_, cs_) != CUBLAS_STATUS_SUCCESS) {
+        cublasSetStream(blas_, cs_) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetWorkspace(blas_, workspace_, kWorkspaceBytes) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS) {
       *error = "cuBLAS could not start on GPU " + std::to_string(dev);
       return false;
     }
-    // Plain fp32 products (no TF32), as the CPU's BLAS computes them.
-    cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH);
     return warmUp(train_batch, error);
   }
 
@@ -223,7 +229,8 @@ class CudaModel : public GpuModel {
     if (rc == ncclSuccess && momentum)
       rc = ncclBroadcast(mom_, mom_, n_, ncclFloat32, 0, comm_, cs_);
     if (rc != ncclSuccess) return nccl(rc, "ncclBroadcast of the parameters", error);
-    return ok(cudaStreamSynchronize(cs_), "broadcast", error);
+    return ok(cudaStreamSynchronize(cs_), "broadcast", error) &&
+           collectivesOk("ncclBroadcast of the parameters", error);
   }
 
   bool microBatch(const float* x, const uint8_t* y, int n, float scale, bool first, bool last,
@@ -242,6 +249,7 @@ class CudaModel : public GpuModel {
                                              started ? 1 : 0);
     if (!ok(cudaGetLastError(), "the SGD kernel", error)) return false;
     if (!ok(cudaStreamSynchronize(cs_), "the training step", error)) return false;
+    if (!collectivesOk("the gradient all-reduces", error)) return false;
     if (pendingTimes_) {
       pendingTimes_ = false;
       float comm = 0, exposed = 0;
@@ -292,6 +300,15 @@ class CudaModel : public GpuModel {
     *error =
         std::string(what) + " failed: " + ncclGetErrorString(rc) + ": " + ncclGetLastError(comm_);
     return false;
+  }
+  // A collective's kernel that gave up (peer gone, abort, TUTTI_TIMEOUT) ends normally on the
+  // stream: its error is the communicator's, asked for once the stream is done.
+  bool collectivesOk(const char* what, std::string* error) {
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm_, &async);
+    if (rc != ncclSuccess) return nccl(rc, what, error);
+    if (async != ncclSuccess && async != ncclInProgress) return nccl(async, what, error);
+    return true;
   }
   bool blas(cublasStatus_t s, std::string* error) {
     if (s == CUBLAS_STATUS_SUCCESS) return true;
@@ -445,6 +462,8 @@ class CudaModel : public GpuModel {
   size_t n_ = 0;                              // parameters
   cudaStream_t cs_ = nullptr, ms_ = nullptr;  // compute, communication
   cublasHandle_t blas_ = nullptr;
+  static constexpr size_t kWorkspaceBytes = 32 << 20;  // what cuBLAS advises for Hopper
+  void* workspace_ = nullptr;
   float *params_ = nullptr, *grads_ = nullptr, *mom_ = nullptr, *x_ = nullptr;
   uint16_t* wire_ = nullptr;
   uint8_t* y_ = nullptr;
