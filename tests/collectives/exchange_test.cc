@@ -288,3 +288,43 @@ TEST(StateAllReduce, ExchangeWhileSlotCopiesRunSlowTheRingOtherwise) {
   }
   EXPECT_EQ(leftoverShmSegments(), 0);
 }
+
+// Two ranks over tcp, all-reduces up to TUTTI_PAIR_MAX_BYTES: the pair exchange, each rank
+// sending its chunk and combining the other's into its output where its own chunk was.
+// Out of place the chunks leave straight from the input; in place they go through the slots,
+// since a chunk bigger than a socket takes at once is still leaving when the reduction
+// overwrites it. 16 MiB in place in 8 MiB chunks (8 MiB slots: loopback sockets take 2 MiB
+// chunks whole, and sending those in place straight from the input passed here), three
+// times, and out of place once: every element must be both ranks' sum.
+TEST(PairExchange, InPlaceChunksAreNotOverwrittenWhileTheyLeave) {
+  ScopedEnv shm("NCCL_SHM_DISABLE", "1");
+  ScopedEnv buff("NCCL_BUFFSIZE", "67108864");
+  ScopedEnv pair("TUTTI_PAIR_MAX_BYTES", "67108864");
+  ScopedEnv channels("NCCL_MAX_NCHANNELS", "1");
+  ScopedEnv timeout("TUTTI_TIMEOUT", "60");
+  const ExchangeCase c{ncclFloat32, ncclSum, size_t(4) << 20};
+  std::vector<ncclComm_t> comms = initThreads(2);
+  ASSERT_EQ(comms.size(), 2u);
+  std::vector<std::string> wrong(2);
+  onThreads(2, [&](int r) {
+    std::vector<unsigned char> buf(c.count * 4), out(c.count * 4);
+    for (int run = 0; run < 4; ++run) {  // both ranks run all four, whatever they find
+      const bool inPlace = run < 3;
+      fill(buf, c, r);
+      unsigned char* dst = inPlace ? buf.data() : out.data();
+      const ncclResult_t rc =
+          ncclAllReduce(buf.data(), dst, c.count, c.dtype, c.op, comms[size_t(r)], nullptr);
+      if (!wrong[size_t(r)].empty()) continue;
+      if (rc != ncclSuccess) {
+        wrong[size_t(r)] = "run " + std::to_string(run) + ": " + ncclGetErrorString(rc);
+      } else if (int64_t i = firstWrong(dst, c); i >= 0) {
+        wrong[size_t(r)] = std::string(inPlace ? "in place" : "out of place") + ", run " +
+                           std::to_string(run) + ": element " + std::to_string(i) +
+                           " is not both ranks' sum";
+      }
+    }
+  });
+  destroyAll(comms);
+  EXPECT_EQ(wrong[0], "");
+  EXPECT_EQ(wrong[1], "");
+}
