@@ -363,11 +363,11 @@ Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follo
   }
   std::lock_guard<std::mutex> lock(gSharedMu);
   const StreamEntryKey key{comm_.commHash(), s, groupSeq_};
-  if (std::optional<cudaEvent_t> entry = gShared.claim(key)) {
+  Status st;
+  if (gShared.claim(key, [&](cudaEvent_t entry) {
+        st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, entry, 0));
+      })) {
     *follower = true;
-    // (An entry used up is back in gFreeEvents, but no other thread records it before this
-    // wait: gSharedMu is held.)
-    Status st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, *entry, 0));
     if (!grouped && !warnedShared_) {
       warnedShared_ = true;
       TUTTI_WARN(
@@ -388,7 +388,7 @@ Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follo
   } else {
     TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
   }
-  Status st = cudaCheck("cudaEventRecord on the caller's stream", cudaEventRecord(e, stream));
+  st = cudaCheck("cudaEventRecord on the caller's stream", cudaEventRecord(e, stream));
   if (st.ok() && !direct) st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, e, 0));
   if (!st.ok()) {
     releaseEvent(e);

@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <optional>
 #include <unordered_map>
 
 namespace tutti {
@@ -33,17 +32,18 @@ class StreamEntries {
   StreamEntries(size_t bound, std::function<void(Event)> release)
       : bound_(bound), release_(std::move(release)) {}
 
-  // The event of a sibling's entry for key, if there is one; an entry used by all the
-  // siblings it was left for goes.
-  std::optional<Event> claim(const StreamEntryKey& key) {
+  // Whether a sibling left an entry for key; if so use(event) runs, and only then does an
+  // entry used by all the siblings it was left for go (release may destroy its event).
+  template <class Use>
+  bool claim(const StreamEntryKey& key, Use&& use) {
     auto it = map_.find(key);
-    if (it == map_.end()) return std::nullopt;
-    const Event e = it->second.event;
+    if (it == map_.end()) return false;
+    use(it->second.event);
     if (--it->second.left == 0) {
-      release_(e);
+      release_(it->second.event);
       map_.erase(it);
     }
-    return e;
+    return true;
   }
 
   // A new entry for `siblings` others. The oldest entries beyond the bound go.

@@ -36,8 +36,7 @@ __device__ void setUp(P& p, const DevWork& w, const DevOp& op, const DevConn* sc
   if (sc && threadIdx.x == 0) sh->sendStep = ldVolatile(sc->step);
   if (rc && P::releaser()) sh->recvStep = ldVolatile(rc->head);
   __syncthreads();
-  // Thread 0 writes these again only at the next operation, after the kernel's barrier
-  // between operations.
+  // Written again only at the next operation, after the kernel's barrier between operations.
   p.sendStep_ = sc ? sh->sendStep : 0;
   p.recvStep_ = rc ? sh->recvStep : 0;
   p.headSeen_ = 0;

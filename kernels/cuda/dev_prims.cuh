@@ -120,12 +120,13 @@ __device__ __forceinline__ bool loadLine(const char* line, uint32_t flag, uint64
 __device__ __forceinline__ void spinPause() {}
 #endif
 
-// Per-block state shared by the threads of one channel: words thread 0 hands the others
+// Per-block state shared by the threads of one channel: words one thread hands the others
 // through a barrier.
 struct BlockState {
-  uint64_t sendStep, recvStep;  // where the FIFOs stand when an operation starts (setUp)
-  uint64_t head;                // the send FIFO's head as thread 0 last read it
-  int failed;  // a hint for spinning threads to stop early; decisions use barrier votes
+  uint64_t sendStep;  // where the FIFOs stand when an operation starts (setUp): thread 0
+  uint64_t recvStep;  // and the releaser (PrimsBase::releaser) read them
+  uint64_t head;      // the send FIFO's head as thread 0 last read it
+  int failed;         // a hint for spinning threads to stop early; decisions use barrier votes
 };
 
 constexpr int kSpinsPerCheck = 1 << 10;
