@@ -179,6 +179,20 @@ struct FifoView {
   uint64_t window(size_t bytes) const { return inCell(bytes) ? kSteps : kSlots; }
 };
 
+// A FIFO that device kernels use (p2p, in GPU memory or mapped host memory): the control
+// block, kSlots Simple slots, then kSlots LL slots. The p2p transport and the kernels' CPU
+// emulation (tests/emu) both lay it out here, so that the emulation runs over what p2p makes.
+inline size_t deviceFifoBytes(size_t slotBytes, size_t llSlotBytes) {
+  return sizeof(FifoCtrl) + kSlots * (slotBytes + llSlotBytes);
+}
+inline void layDeviceFifo(char* base, size_t slotBytes, size_t llSlotBytes, FifoView* v) {
+  v->ctrl = reinterpret_cast<FifoCtrl*>(base);
+  v->slots = base + sizeof(FifoCtrl);
+  v->slotBytes = slotBytes;
+  v->ll = v->slots + kSlots * slotBytes;
+  v->llSlotBytes = llSlotBytes;
+}
+
 // Maps the first page(s) of every slot, and every cell, into this process at connection setup,
 // where a first touch during an operation would cost a page fault per slot and side. 8 ranks
 // on 2 cores over shm, 8 B all-reduces: the first 8 operations after init took 100-450 us

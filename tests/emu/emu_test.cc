@@ -46,8 +46,7 @@ struct EmuFifo {
   uint64_t ownStep = 0;
   transport::FifoView send, recv;
   EmuFifo(int from, int to, int channel) {
-    const size_t bytes =
-        sizeof(transport::FifoCtrl) + transport::kSlots * (kSlotBytes + kLlSlotBytes);
+    const size_t bytes = transport::deviceFifoBytes(kSlotBytes, kLlSlotBytes);
     mem = static_cast<char*>(aligned_alloc(64, bytes));
     memset(mem, 0, bytes);
     auto* ctrl = new (mem) transport::FifoCtrl();
@@ -55,11 +54,7 @@ struct EmuFifo {
     ctrl->head.store(0);
     ctrl->broken.store(0);
     for (transport::FifoView* v : {&send, &recv}) {
-      v->ctrl = ctrl;
-      v->slots = mem + sizeof(transport::FifoCtrl);
-      v->slotBytes = kSlotBytes;
-      v->ll = v->slots + transport::kSlots * kSlotBytes;
-      v->llSlotBytes = kLlSlotBytes;
+      transport::layDeviceFifo(mem, kSlotBytes, kLlSlotBytes, v);  // as p2p lays it out
       v->channel = channel;
     }
     send.peer = to;

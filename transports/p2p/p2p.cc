@@ -42,10 +42,6 @@ struct P2pDesc {
 };
 static_assert(sizeof(P2pDesc) <= sizeof(Descriptor));
 
-size_t fifoBytes(size_t slotBytes, size_t llSlotBytes) {
-  return sizeof(FifoCtrl) + kSlots * (slotBytes + llSlotBytes);
-}
-
 Status cudaFailed(const std::string& what, cudaError_t e) {
   cudaGetLastError();  // not sticky for the application
   return Status(Code::kCudaError, "p2p: " + what + ": " + cudaGetErrorString(e));
@@ -75,11 +71,7 @@ class P2pConnection : public Connection {
     std::string shmName;
   };
   P2pConnection(const ConnSpec& spec, size_t llSlotBytes, Memory m) : m_(std::move(m)) {
-    fifo_.ctrl = reinterpret_cast<FifoCtrl*>(m_.dev);
-    fifo_.slots = m_.dev + sizeof(FifoCtrl);
-    fifo_.slotBytes = spec.slotBytes;
-    fifo_.ll = fifo_.slots + kSlots * spec.slotBytes;
-    fifo_.llSlotBytes = llSlotBytes;
+    layDeviceFifo(m_.dev, spec.slotBytes, llSlotBytes, &fifo_);
     fifo_.peer = spec.peer;
     fifo_.channel = spec.channel;
     fifo_.conn = this;
@@ -139,7 +131,7 @@ class P2pTransport : public Transport {
     P2pDesc d{};
     d.slotBytes = spec.slotBytes;
     d.llSlotBytes = llSlotBytes_;
-    d.bytes = fifoBytes(spec.slotBytes, llSlotBytes_);
+    d.bytes = deviceFifoBytes(spec.slotBytes, llSlotBytes_);
     P2pConnection::Memory m{};
     m.owner = true;
     m.bytes = d.bytes;
