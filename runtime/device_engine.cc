@@ -344,8 +344,9 @@ void releaseEvent(cudaEvent_t e) {  // gSharedMu held
     cudaEventDestroy(e);
   }
 }
-// Entries of siblings that use streams of their own are never claimed: a bounded few stay.
-StreamEntries<cudaEvent_t> gShared(1024, releaseEvent);
+// Entries of siblings that use streams of their own are never claimed: they go once every
+// sibling has passed their group (StreamEntries::entered); the bound is for the rest.
+StreamEntries<cudaEvent_t> gShared(8192, releaseEvent);
 }  // namespace
 
 // direct: the group may launch on this stream itself (it names no other). A sibling that
@@ -403,6 +404,10 @@ Status DeviceEngine::enter(bool grouped) {
   target_ = stream_;
   if (!ready_ || (plan_.launches.empty() && plan_.copies.empty())) return Status::Ok();
   DeviceGuard guard(comm_.cudaDev());
+  if (siblings_ > 0) {
+    std::lock_guard<std::mutex> lock(gSharedMu);
+    gShared.entered(comm_.commHash(), comm_.rank(), siblings_ + 1, groupSeq_);
+  }
   const bool direct = streams_.size() == 1;
   bool follower = false;
   for (void* s : streams_) TUTTI_TRY(enterStream(s, grouped, direct, &follower));

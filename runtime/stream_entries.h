@@ -2,9 +2,9 @@
 // device_engine.cc, enterStream): the first sibling to enter a group on a stream records an
 // event there; a sibling that passes the same stream for the same group waits for that event
 // instead of the stream. Every call of every sibling adds or claims one, so the lookup is a
-// hash, not a scan: siblings that each have a stream of their own never claim their entries,
-// which then stay until the bound pushes them out (with 4 such ranks a scan of the 1024 kept
-// entries, under a mutex all of them take, came with every operation).
+// hash, not a scan (siblings that each have a stream of their own never claim their entries:
+// with 4 such ranks a scan of the 1024 entries kept then, under a mutex all of them take, came
+// with every operation). Unclaimed entries go once every sibling has passed their group.
 // Plain C++ over any event handle type, so that CI tests it without a GPU.
 #pragma once
 
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <unordered_map>
 
 namespace tutti {
@@ -28,7 +29,8 @@ struct StreamEntryKey {
 template <typename Event>
 class StreamEntries {
  public:
-  // release: takes back the event of an entry that is used up or pushed out.
+  // release: takes back the event of an entry that is used up or pushed out. bound: the most
+  // entries kept where siblings' progress cannot tell (a sibling that never entered a group).
   StreamEntries(size_t bound, std::function<void(Event)> release)
       : bound_(bound), release_(std::move(release)) {}
 
@@ -46,17 +48,38 @@ class StreamEntries {
     return true;
   }
 
-  // A new entry for `siblings` others. The oldest entries beyond the bound go.
+  // A new entry for `siblings` others.
   void add(const StreamEntryKey& key, Event e, int siblings) {
     map_[key] = Entry{e, siblings};
+    progress_[key.commHash].byGroup.emplace(key.group, key.stream);
     order_.push_back(key);
     while (order_.size() > bound_) {
-      auto it = map_.find(order_.front());
-      if (it != map_.end()) {  // else claimed by all and gone already
+      drop(order_.front());
+      order_.pop_front();
+    }
+  }
+
+  // Rank `rank` of a communicator, one of the `ranksHere` ranks that share entries, enters
+  // group `group` (groups come in the same order on every rank). A sibling looks for an
+  // entry of group g only when it enters g, so once all of them entered a later group, the
+  // entries of g are never claimed: they go. Siblings with a stream each leave such entries
+  // at every operation; this, not the bound, keeps them few, however far one rank's thread
+  // runs ahead of another's (the bound alone could push out an entry a late sibling still
+  // needs, which would then wait for the other's kernel behind its own).
+  void entered(uint64_t commHash, int rank, int ranksHere, uint64_t group) {
+    Progress& p = progress_[commHash];
+    p.at[rank] = group;
+    if (int(p.at.size()) < ranksHere) return;
+    uint64_t low = group;
+    for (const auto& [r, g] : p.at) low = g < low ? g : low;
+    while (!p.byGroup.empty() && p.byGroup.begin()->first < low) {
+      const StreamEntryKey key{commHash, p.byGroup.begin()->second, p.byGroup.begin()->first};
+      auto it = map_.find(key);
+      if (it != map_.end()) {
         release_(it->second.event);
         map_.erase(it);
       }
-      order_.pop_front();
+      p.byGroup.erase(p.byGroup.begin());
     }
   }
 
@@ -75,10 +98,32 @@ class StreamEntries {
       return size_t(h);
     }
   };
+  struct Progress {
+    std::unordered_map<int, uint64_t> at;          // each sibling's latest group
+    std::multimap<uint64_t, const void*> byGroup;  // entries left (or gone since), by group
+  };
+  // Pushed out by the bound: the entry, if still there, and its place by group.
+  void drop(const StreamEntryKey& key) {
+    auto it = map_.find(key);
+    if (it != map_.end()) {
+      release_(it->second.event);
+      map_.erase(it);
+    }
+    auto p = progress_.find(key.commHash);
+    if (p == progress_.end()) return;
+    auto [from, to] = p->second.byGroup.equal_range(key.group);
+    for (auto g = from; g != to; ++g) {
+      if (g->second == key.stream) {
+        p->second.byGroup.erase(g);
+        break;
+      }
+    }
+  }
   size_t bound_;
   std::function<void(Event)> release_;
   std::unordered_map<StreamEntryKey, Entry, Hash> map_;
   std::deque<StreamEntryKey> order_;  // oldest first; keys of gone entries too (once each)
+  std::unordered_map<uint64_t, Progress> progress_;  // per communicator
 };
 
 }  // namespace tutti

@@ -78,3 +78,55 @@ TEST(StreamEntries, ManyEntriesAreFoundByKey) {
 }
 
 }  // namespace
+
+namespace {
+
+// Three ranks of one communicator on one GPU in one process: ranks 0 and 1 share stream A
+// (rank 0 enters first and leads), rank 2 has stream B of its own and leads there alone.
+// Each group, as device_engine.cc's enter() does: report the group, then claim or add.
+struct Siblings {
+  int releases = 0;
+  StreamEntries<int> t{8192, [this](int) { ++releases; }};
+  void enter(int rank, uint64_t g) {
+    t.entered(7, rank, 3, g);
+    const StreamEntryKey key{7, rank == 2 ? B : A, g};
+    if (claimed(t, key) < 0) t.add(key, int(g), 2);
+  }
+};
+
+TEST(StreamEntries, EntriesNoSiblingClaimsGoOnceAllPassedTheirGroup) {
+  Siblings s;
+  for (uint64_t g = 0; g < 5000; ++g) {
+    for (int r = 0; r < 3; ++r) s.enter(r, g);
+    // Rank 1 claimed A's entry of g; B's entry of g stays until all three passed g.
+    EXPECT_LE(s.t.size(), 3u) << "group " << g;
+  }
+}
+
+TEST(StreamEntries, ALateSiblingFindsEveryEntryHowFarBehindItIs) {
+  Siblings s;
+  // Ranks 0 and 2 run 3000 groups ahead of rank 1 (their kernels wait; their threads do not):
+  // 6000 entries, more than the 1024 a bound alone used to keep.
+  for (uint64_t g = 0; g < 3000; ++g) {
+    s.enter(0, g);
+    s.enter(2, g);
+  }
+  for (uint64_t g = 0; g < 3000; ++g) {
+    s.t.entered(7, 1, 3, g);
+    ASSERT_EQ(claimed(s.t, {7, A, g}), int(g)) << "rank 1 lost rank 0's entry of group " << g;
+  }
+  EXPECT_LE(s.t.size(), 2u) << "caught up: only the latest group's entries are left";
+}
+
+TEST(StreamEntries, TheBoundHoldsWhereASiblingNeverEnters) {
+  int releases = 0;
+  StreamEntries<int> t(16, [&](int) { ++releases; });
+  for (uint64_t g = 0; g < 100; ++g) {
+    t.entered(7, 0, 2, g);  // rank 1 of 2 never comes: progress cannot tell
+    t.add({7, A, g}, int(g), 1);
+  }
+  EXPECT_EQ(t.size(), 16u);
+  EXPECT_EQ(releases, 84);
+}
+
+}  // namespace
