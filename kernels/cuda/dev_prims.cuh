@@ -147,20 +147,22 @@ struct WaitCtx {
   // without progress, not for the whole kernel.
   __device__ bool mustStop(const DevConn* c, uint64_t* since) const {
     if (ldFlag(w->abortFlag)) return fail(kErrAborted, c->peer, 0, 0);
+    // This block gave up already (another of its threads): its failure is the one recorded,
+    // and the links it marked broken are not a peer's doing.
+    if (ldShared(&sh->failed)) return true;
     if (c->broken && ldFlag(c->broken)) return fail(kErrPeer, c->peer, 0, 0);
     if (ldFlag(&w->err->code)) return fail(kErrNone, c->peer, 0, 0);  // another block failed
-    if (ldShared(&sh->failed)) return true;
     const uint64_t now = globalTimer();
     if (*since == 0) *since = now;
     if (w->timeoutNs && now - *since > w->timeoutNs) return fail(kErrTimeout, c->peer, 0, 0);
     return false;
   }
-  // Records the first failure of the launch (code kErrNone: only stop), marks this block's
-  // FIFOs broken, tells the block's other threads.
+  // Tells the block's other threads, records the first failure of the launch (code kErrNone:
+  // only stop), then marks this block's FIFOs broken -- in that order, so that a thread of
+  // this block that finds them broken before it sees `failed` cannot claim the launch's error
+  // as a peer's first (seen in emulation: a timeout reported as kErrPeer).
   __device__ bool fail(uint32_t code, int peer, uint64_t got, uint64_t want) const {
     stShared(&sh->failed, 1);
-    if (sc && sc->broken) stFlag(sc->broken, 1);
-    if (rc && rc->broken) stFlag(rc->broken, 1);
     if (code != kErrNone && atomicCAS(w->errClaim, 0u, 1u) == 0u) {
       DevError* e = w->err;
       e->peer = peer;
@@ -169,9 +171,11 @@ struct WaitCtx {
       e->seq = seq;
       e->got = got;
       e->want = want;
-      __threadfence_system();  // the fields before the code that says they are there
+      __threadfence_system();  // the claim and the fields before the code and the links
       stFlag(&e->code, code);
     }
+    if (sc && sc->broken) stFlag(sc->broken, 1);
+    if (rc && rc->broken) stFlag(rc->broken, 1);
     return true;
   }
 };
