@@ -5,7 +5,6 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 
 #include "runtime/bootstrap.h"
 #include "runtime/comm.h"

@@ -41,10 +41,7 @@ class StreamEntries {
     auto it = map_.find(key);
     if (it == map_.end()) return false;
     use(it->second.event);
-    if (--it->second.left == 0) {
-      release_(it->second.event);
-      map_.erase(it);
-    }
+    if (--it->second.left == 0) erase(it);
     return true;
   }
 
@@ -73,12 +70,7 @@ class StreamEntries {
     uint64_t low = group;
     for (const auto& [r, g] : p.at) low = g < low ? g : low;
     while (!p.byGroup.empty() && p.byGroup.begin()->first < low) {
-      const StreamEntryKey key{commHash, p.byGroup.begin()->second, p.byGroup.begin()->first};
-      auto it = map_.find(key);
-      if (it != map_.end()) {
-        release_(it->second.event);
-        map_.erase(it);
-      }
+      erase(map_.find({commHash, p.byGroup.begin()->second, p.byGroup.begin()->first}));
       p.byGroup.erase(p.byGroup.begin());
     }
   }
@@ -98,17 +90,20 @@ class StreamEntries {
       return size_t(h);
     }
   };
+  // An entry (if there is one: it may be claimed by all and gone) and its event go.
+  template <class It>
+  void erase(It it) {
+    if (it == map_.end()) return;
+    release_(it->second.event);
+    map_.erase(it);
+  }
   struct Progress {
     std::unordered_map<int, uint64_t> at;          // each sibling's latest group
     std::multimap<uint64_t, const void*> byGroup;  // entries left (or gone since), by group
   };
   // Pushed out by the bound: the entry, if still there, and its place by group.
   void drop(const StreamEntryKey& key) {
-    auto it = map_.find(key);
-    if (it != map_.end()) {
-      release_(it->second.event);
-      map_.erase(it);
-    }
+    erase(map_.find(key));
     auto p = progress_.find(key.commHash);
     if (p == progress_.end()) return;
     auto [from, to] = p->second.byGroup.equal_range(key.group);

@@ -295,7 +295,10 @@ struct PrimsBase {
   // After every thread is done with the received slot (stop: this thread gave up on it):
   // free it for the sender.
   __device__ void releaseRecv(bool stop) {
-    if (!vote(stop)) return;
+    if (vote(stop)) freeRecv();
+  }
+  // Once the block agreed it is done with the received slot: free it, move to the next step.
+  __device__ void freeRecv() {
     if (releaser()) stRelease(rc->head, recvStep_ + 1, rc->gpuScope);
     recvStep_ += 1;
   }
@@ -503,10 +506,7 @@ struct LLPrims : PrimsBase<T, F> {
     // next step needs no barrier first: each thread has the steps itself).
     if (!B::vote(stop)) return;
     if (kSend) B::advanceSend();  // bookkeeping only: receivers poll the lines
-    if (kRecv) {
-      if (B::releaser()) stRelease(rc->head, B::recvStep_ + 1, rc->gpuScope);
-      B::recvStep_ += 1;
-    }
+    if (kRecv) B::freeRecv();
   }
 
   __device__ void send(size_t inOff, int n) { step<kOpPre, false, true>(in + inOff, nullptr, n); }
