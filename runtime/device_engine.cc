@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
 
 #include "runtime/bootstrap.h"
 #include "runtime/comm.h"
@@ -113,6 +115,7 @@ DeviceEngine::~DeviceEngine() {
     cudaFreeHost(abortHost_);
     cudaFreeHost(errHost_.load());
     cudaFree(errClaim_);
+    links_.reset();  // FIFOs and IPC handles: on this GPU too
     cudaGetLastError();
   }
   links_.reset();
@@ -191,7 +194,9 @@ Status DeviceEngine::init() {
 
 void DeviceEngine::breakLinks() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (links_) links_->breakAll();
+  if (!links_) return;
+  DeviceGuard guard(comm_.cudaDev());  // abort may come from a thread on another GPU
+  links_->breakAll();
 }
 
 Status DeviceEngine::kernelError() const {
@@ -292,7 +297,12 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   cfg.connectAllChannels = true;
   TUTTI_TRY(
       connect(cfg, ops, nops).withContext("rank " + std::to_string(r) + ": connecting GPU links"));
-  groupSeq_ = groupCount_++;  // the same on every rank: each prepares the same groups
+  // The group's place in the sequence, alike on the siblings that take part (GroupPos).
+  bool collective = false;
+  for (size_t i = 0; i < nops; ++i) {
+    collective |= ops[i].kind != CollKind::kSend && ops[i].kind != CollKind::kRecv;
+  }
+  groupPos_ = nextGroup(groupPos_, collective);
   auto link = [this](int peer, int channel, bool send) -> const transport::FifoView* {
     return send ? links_->send(peer, channel) : links_->recv(peer, channel);
   };
@@ -332,20 +342,23 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
 // the first call's join, which waits for the second rank's kernel -- so a rank called later
 // from another thread waits only for the stream work issued before the first sibling's call.
 // Inside one group (runBatches) all entries come before any join, and nothing changes.
+// No CUDA call is made under a lock the siblings share (runtime/stream_entries.h says why).
 namespace {
-std::mutex gSharedMu;
-std::vector<cudaEvent_t> gFreeEvents;  // used ones, for the next entries
+std::mutex gPoolMu;
+std::map<int, std::vector<cudaEvent_t>> gFreeEvents;  // used ones, per GPU, for next entries
 
-void releaseEvent(cudaEvent_t e) {  // gSharedMu held
-  if (gFreeEvents.size() < 64) {
-    gFreeEvents.push_back(e);
+void releaseEvent(DeviceEvent e) {
+  std::lock_guard<std::mutex> lock(gPoolMu);
+  std::vector<cudaEvent_t>& pool = gFreeEvents[e.device];
+  if (pool.size() < 64) {
+    pool.push_back(static_cast<cudaEvent_t>(e.event));
   } else {
-    cudaEventDestroy(e);
+    cudaEventDestroy(static_cast<cudaEvent_t>(e.event));
   }
 }
 // Entries of siblings that use streams of their own are never claimed: they go once every
 // sibling has passed their group (StreamEntries::entered); the bound is for the rest.
-StreamEntries<cudaEvent_t> gShared(8192, releaseEvent);
+StreamEntries<DeviceEvent> gShared(8192, releaseEvent);
 }  // namespace
 
 // direct: the group may launch on this stream itself (it names no other). A sibling that
@@ -361,12 +374,30 @@ Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follo
     Status st = cudaCheck("cudaEventRecord on the caller's stream", cudaEventRecord(e, stream));
     return st.ok() ? cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, e, 0)) : st;
   }
-  std::lock_guard<std::mutex> lock(gSharedMu);
-  const StreamEntryKey key{comm_.commHash(), s, groupSeq_};
-  Status st;
-  if (gShared.claim(key, [&](cudaEvent_t entry) {
-        st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, entry, 0));
-      })) {
+  const int dev = comm_.cudaDev();
+  const StreamEntryKey key{comm_.commHash(), dev, s, groupPos_};
+  Status made;
+  auto make = [&](DeviceEvent* e) {
+    e->device = dev;
+    {
+      std::lock_guard<std::mutex> lock(gPoolMu);
+      std::vector<cudaEvent_t>& pool = gFreeEvents[dev];
+      if (!pool.empty()) {
+        e->event = pool.back();
+        pool.pop_back();
+        return true;
+      }
+    }
+    cudaEvent_t ev;
+    made = cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    e->event = ev;
+    return made.ok();
+  };
+  bool first = false;
+  Entries::Ref entry = gShared.join(key, siblings_, comm_.rank(), direct, make, &first);
+  if (!entry) return made;
+  const auto ev = static_cast<cudaEvent_t>(entry->event.event);
+  if (!first) {
     *follower = true;
     if (!grouped && !warnedShared_) {
       warnedShared_ = true;
@@ -376,41 +407,69 @@ Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follo
           "operations start after the stream work issued before the first of them was called "
           "(work this thread queued on the stream since may not be finished). Call them in one "
           "ncclGroupStart/End, or give each rank a stream of its own",
-          comm_.rank(), s, comm_.cudaDev());
+          comm_.rank(), s, dev);
     }
-    return st;
+    TUTTI_TRY(waitFirst(entry, /*launch=*/false));
+    TUTTI_TRY(cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, ev, 0)));
+    if (entry->onStream) following_.push_back(std::move(entry));
+    return Status::Ok();
   }
   // The first of the siblings here: records where the stream stands for the others.
-  cudaEvent_t e;
-  if (!gFreeEvents.empty()) {
-    e = gFreeEvents.back();
-    gFreeEvents.pop_back();
-  } else {
-    TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
+  Status st = cudaCheck("cudaEventRecord on the caller's stream", cudaEventRecord(ev, stream));
+  if (st.ok() && !direct) st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, ev, 0));
+  gShared.recorded(entry, st.ok());
+  if (direct) {
+    leading_.push_back(std::move(entry));  // launched() once its kernels are queued
   }
-  st = cudaCheck("cudaEventRecord on the caller's stream", cudaEventRecord(e, stream));
-  if (st.ok() && !direct) st = cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, e, 0));
-  if (!st.ok()) {
-    releaseEvent(e);
-    return st;
+  return st;
+}
+
+// A follower waits for its first sibling's thread: until the entry is recorded, or (before
+// joining the shared stream) until the first's kernels are queued there.
+Status DeviceEngine::waitFirst(const Entries::Ref& e, bool launch) {
+  using Wait = Entries::Wait;
+  auto stop = [this] { return comm_.aborted(); };
+  const Wait w =
+      launch ? gShared.waitLaunched(e, timeoutS_, stop) : gShared.waitRecorded(e, timeoutS_, stop);
+  const std::string what = "rank " + std::to_string(comm_.rank()) + " (GPU " +
+                           std::to_string(comm_.cudaDev()) + ") waited for rank " +
+                           std::to_string(e->firstRank) + ", which shares its stream, to " +
+                           (launch ? "queue its kernels" : "record its entry event");
+  switch (w) {
+    case Wait::kReady:
+      return Status::Ok();
+    case Wait::kFailed:
+      return remoteError(what + ": rank " + std::to_string(e->firstRank) +
+                         " failed to record it (its own error says why)");
+    case Wait::kStopped:
+      return remoteError(what + ": the communicator was aborted (ncclCommAbort)");
+    case Wait::kTimedOut:
+      return timeoutError(what + " for more than " + std::to_string(int64_t(timeoutS_)) +
+                          " s (TUTTI_TIMEOUT): is its thread stuck?");
   }
-  gShared.add(key, e, siblings_);
   return Status::Ok();
+}
+
+// The first sibling's kernels are queued (or will not be): followers may join the stream.
+void DeviceEngine::releaseFollowers() {
+  for (Entries::Ref& e : leading_) gShared.launched(e);
+  leading_.clear();
 }
 
 Status DeviceEngine::enter(bool grouped) {
   std::lock_guard<std::mutex> lock(mu_);
   target_ = stream_;
+  entered_ = false;
   if (!ready_ || (plan_.launches.empty() && plan_.copies.empty())) return Status::Ok();
   DeviceGuard guard(comm_.cudaDev());
   if (siblings_ > 0) {
-    std::lock_guard<std::mutex> lock(gSharedMu);
-    gShared.entered(comm_.commHash(), comm_.rank(), siblings_ + 1, groupSeq_);
+    gShared.entered(comm_.commHash(), comm_.cudaDev(), comm_.rank(), siblings_ + 1, groupPos_);
   }
   const bool direct = streams_.size() == 1;
   bool follower = false;
   for (void* s : streams_) TUTTI_TRY(enterStream(s, grouped, direct, &follower));
   if (direct && !follower) target_ = streams_[0];
+  entered_ = true;
   return Status::Ok();
 }
 
@@ -418,6 +477,12 @@ Status DeviceEngine::launch() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!ready_) return Status::Ok();
   DeviceGuard guard(comm_.cudaDev());
+  Status st = launchAll();
+  releaseFollowers();  // queued, or never will be
+  return st;
+}
+
+Status DeviceEngine::launchAll() {
   auto target = static_cast<cudaStream_t>(target_ ? target_ : stream_);
   size_t next = 0;  // copies go in plan order among the launches
   auto copiesBefore = [&](size_t launch) {
@@ -441,13 +506,22 @@ Status DeviceEngine::launch() {
 
 Status DeviceEngine::leave() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!ready_ || (plan_.launches.empty() && plan_.copies.empty())) {
+  releaseFollowers();  // where launch() never ran (another communicator's failure)
+  if (!ready_ || !entered_ || (plan_.launches.empty() && plan_.copies.empty())) {
+    following_.clear();
     clearPlan();
     return Status::Ok();
   }
+  entered_ = false;
   DeviceGuard guard(comm_.cudaDev());
   auto own = static_cast<cudaStream_t>(stream_);
   Status st;
+  // A follower joins the shared stream only behind the kernels its first queued there.
+  for (const Entries::Ref& e : following_) {
+    Status w = waitFirst(e, /*launch=*/true);
+    if (st.ok() && !w.ok()) st = w;
+  }
+  following_.clear();
   if (target_ && target_ != stream_) {
     // Launched on the caller's stream: stream order is the fence. An event marks the
     // kernels' end for the destructor. Copies alone (one rank) use no memory of the engine's:
@@ -470,12 +544,14 @@ Status DeviceEngine::leave() {
     clearPlan();
     return st;
   }
-  st = cudaCheck("cudaEventRecord", cudaEventRecord(static_cast<cudaEvent_t>(done_), own));
+  Status r = cudaCheck("cudaEventRecord", cudaEventRecord(static_cast<cudaEvent_t>(done_), own));
+  if (st.ok()) st = r;
   for (void* s : streams_) {
-    if (!st.ok()) break;
-    st = cudaCheck(
+    if (!r.ok()) break;
+    r = cudaCheck(
         "cudaStreamWaitEvent on the caller's stream",
         cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(done_), 0));
+    if (st.ok()) st = r;
   }
   clearPlan();
   return st;

@@ -9,7 +9,8 @@
 // spin on each other's FIFOs, so their kernels must run at the same time: when siblings (ranks
 // of this communicator in this process on this GPU) pass one stream, the first to enter
 // launches on it and the others on their own streams, fenced to the point the first one
-// recorded (see enterStream). The three phases let one thread drive several communicators in
+// recorded (see enterStream); a follower joins the shared stream back only once the first's
+// kernels are queued there (runtime/stream_entries.h). The three phases let one thread drive several communicators in
 // one group (the ncclCommInitAll pattern) with all its entries recorded before any kernel can
 // block a stream, and caps on blocks per launch keep every rank's kernels resident together.
 // Works under CUDA graph capture: every step is stream-ordered and the kernels find their
@@ -25,11 +26,18 @@
 #include "runtime/coll_args.h"
 #include "runtime/device_plan.h"
 #include "runtime/status.h"
+#include "runtime/stream_entries.h"
 
 namespace tutti {
 
 class Comm;
 class Links;
+
+// An entry event ranks sharing a GPU leave each other (a cudaEvent_t of that GPU).
+struct DeviceEvent {
+  void* event = nullptr;
+  int device = -1;
+};
 
 class DeviceEngine {
  public:
@@ -58,7 +66,11 @@ class DeviceEngine {
  private:
   Status init();
   Status plan(const CollArgs* ops, size_t n);  // prepare() under mu_
+  using Entries = StreamEntries<DeviceEvent>;
   Status enterStream(void* stream, bool grouped, bool direct, bool* follower);
+  Status waitFirst(const Entries::Ref& e, bool launch);
+  void releaseFollowers();
+  Status launchAll();  // launch() under mu_
   Status connect(const devplan::Config& cfg, const CollArgs* ops, size_t n);
   void clearPlan() {
     plan_ = devplan::Plan{};
@@ -85,14 +97,16 @@ class DeviceEngine {
   double timeoutS_;
   int proto_ = -1;              // NCCL_PROTO: -1 automatic
   int siblings_ = 0;            // other ranks of this comm in this process on this GPU
-  uint64_t groupCount_ = 0;     // device groups prepared so far
   bool ringConnected_ = false;  // the first collective made every channel's ring links
-  uint64_t groupSeq_ = 0;       // the prepared group's number
+  GroupPos groupPos_;           // the prepared group's place, alike on the siblings in it
+  bool entered_ = false;        // enter() made the prepared group's entries
   bool warnedShared_ = false;
-  devplan::Plan plan_;                // the prepared group
-  std::vector<const void*> kernels_;  // one per plan_.launches
-  std::vector<void*> streams_;        // the distinct caller streams of the prepared group
-  void* target_ = nullptr;            // where the prepared group launches: a caller's or own
+  devplan::Plan plan_;                   // the prepared group
+  std::vector<const void*> kernels_;     // one per plan_.launches
+  std::vector<void*> streams_;           // the distinct caller streams of the prepared group
+  void* target_ = nullptr;               // where the prepared group launches: a caller's or own
+  std::vector<Entries::Ref> leading_;    // entries this rank leads, on the stream it launches on
+  std::vector<Entries::Ref> following_;  // whose first launches where this rank joins back
   // Caller streams this communicator launched on directly, each with an event recorded after
   // its latest kernels (the destructor waits for them before freeing FIFOs).
   std::vector<std::pair<void*, void*>> directDone_;

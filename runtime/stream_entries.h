@@ -1,110 +1,207 @@
-// Entries that ranks of one process sharing a GPU leave for each other (runtime/
+// Entries that ranks of one process sharing a GPU leave each other (runtime/
 // device_engine.cc, enterStream): the first sibling to enter a group on a stream records an
 // event there; a sibling that passes the same stream for the same group waits for that event
-// instead of the stream. Every call of every sibling adds or claims one, so the lookup is a
-// hash, not a scan (siblings that each have a stream of their own never claim their entries:
-// with 4 such ranks a scan of the 1024 entries kept then, under a mutex all of them take, came
-// with every operation). Unclaimed entries go once every sibling has passed their group.
-// Plain C++ over any event handle type, so that CI tests it without a GPU.
+// instead of the stream. Every call of every sibling joins one, so the lookup is a hash.
+//
+// Thread-safe, and no CUDA call is made under its lock: the first sibling records its event
+// after join() returns (a record can block while the stream's queue is full, and that queue
+// drains only once the other siblings launch), then says so (recorded); a follower waits for
+// that before it waits for the event. When the first launches on the shared stream itself, a
+// follower's join back to that stream must come after the first's kernels (else the stream
+// holds the follower's join, which waits for the follower's kernel, which waits for the
+// first's kernel queued behind the join): the follower waits for launched() first.
+// Unclaimed entries (siblings with a stream each never claim) go once every sibling on the
+// GPU has passed their group. Plain C++ over any event type, so that CI tests it without a GPU.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <unordered_map>
+#include <utility>
 
 namespace tutti {
 
+// Where a group stands in a communicator's sequence, alike on the siblings that take part:
+// groups with a collective (every rank calls every collective) count up `coll`; a group of
+// sends and receives alone is `sub` = 1, 2, ... after the collective group before it, so that
+// sends and receives between some of the ranks never shift the others' collectives.
+struct GroupPos {
+  uint64_t coll = 0;
+  uint64_t sub = 0;
+  bool operator==(const GroupPos& o) const { return coll == o.coll && sub == o.sub; }
+  bool operator<(const GroupPos& o) const {
+    return coll < o.coll || (coll == o.coll && sub < o.sub);
+  }
+};
+
+// The place of a rank's next group after `prev`.
+inline GroupPos nextGroup(const GroupPos& prev, bool collective) {
+  return collective ? GroupPos{prev.coll + 1, 0} : GroupPos{prev.coll, prev.sub + 1};
+}
+
 struct StreamEntryKey {
   uint64_t commHash;
+  int place;  // the GPU: siblings' progress is counted per GPU
   const void* stream;
-  uint64_t group;  // the communicator's device group number, alike on all its ranks
+  GroupPos group;
   bool operator==(const StreamEntryKey& o) const {
-    return commHash == o.commHash && stream == o.stream && group == o.group;
+    return commHash == o.commHash && place == o.place && stream == o.stream && group == o.group;
   }
 };
 
 template <typename Event>
 class StreamEntries {
  public:
-  // release: takes back the event of an entry that is used up or pushed out. bound: the most
+  struct Entry {
+    Event event{};
+    int firstRank = -1;
+    bool onStream = false;  // the first launches on the shared stream itself
+    bool recorded = false;  // the first recorded the event (or failed to: failed)
+    bool failed = false;
+    bool launched = false;  // the first queued its kernels (or gave up)
+  };
+  using Ref = std::shared_ptr<Entry>;
+  enum class Wait { kReady, kFailed, kTimedOut, kStopped };
+
+  // release: takes back the event of an entry nobody holds any more; it may run on any thread,
+  // with this table's lock held, so it must not call back into the table. bound: the most
   // entries kept where siblings' progress cannot tell (a sibling that never entered a group).
   StreamEntries(size_t bound, std::function<void(Event)> release)
       : bound_(bound), release_(std::move(release)) {}
 
-  // Whether a sibling left an entry for key; if so use(event) runs, and only then does an
-  // entry used by all the siblings it was left for go (release may destroy its event).
-  template <class Use>
-  bool claim(const StreamEntryKey& key, Use&& use) {
+  // The entry of `key`. A sibling that finds one is its follower (*first = false) and uses
+  // it up; one that does not makes it for `siblings` followers with make(&event) (false: no
+  // event could be made, nullptr comes back) and is its first: it must then call
+  // recorded(), and launched() once its kernels are queued when onStream.
+  template <class Make>
+  Ref join(const StreamEntryKey& key, int siblings, int rank, bool onStream, Make&& make,
+           bool* first) {
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(key);
-    if (it == map_.end()) return false;
-    use(it->second.event);
-    if (--it->second.left == 0) erase(it);
-    return true;
-  }
-
-  // A new entry for `siblings` others.
-  void add(const StreamEntryKey& key, Event e, int siblings) {
-    map_[key] = Entry{e, siblings};
-    progress_[key.commHash].byGroup.emplace(key.group, key.stream);
+    if (it != map_.end()) {
+      *first = false;
+      Ref e = it->second.entry;
+      if (--it->second.left == 0) map_.erase(it);
+      return e;
+    }
+    *first = true;
+    Event ev{};
+    if (!make(&ev)) return nullptr;
+    Release rel{this};
+    Ref e(new Entry{}, rel);
+    e->event = ev;
+    e->firstRank = rank;
+    e->onStream = onStream;
+    map_[key] = Slot{e, siblings};
+    progress_[{key.commHash, key.place}].byGroup.emplace(key.group, key.stream);
     order_.push_back(key);
     while (order_.size() > bound_) {
       drop(order_.front());
       order_.pop_front();
     }
+    return e;
   }
 
-  // Rank `rank` of a communicator, one of the `ranksHere` ranks that share entries, enters
-  // group `group` (groups come in the same order on every rank). A sibling looks for an
-  // entry of group g only when it enters g, so once all of them entered a later group, the
-  // entries of g are never claimed: they go. Siblings with a stream each leave such entries
-  // at every operation; this, not the bound, keeps them few, however far one rank's thread
-  // runs ahead of another's (the bound alone could push out an entry a late sibling still
-  // needs, which would then wait for the other's kernel behind its own).
-  void entered(uint64_t commHash, int rank, int ranksHere, uint64_t group) {
-    Progress& p = progress_[commHash];
+  void recorded(const Ref& e, bool ok) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      e->recorded = true;
+      e->failed = !ok;
+    }
+    cv_.notify_all();
+  }
+  void launched(const Ref& e) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      e->launched = true;
+    }
+    cv_.notify_all();
+  }
+  // A follower waits for its first: until the event is recorded, or its kernels launched.
+  // stop() (polled) ends the wait early; timeoutS <= 0 waits without a deadline.
+  Wait waitRecorded(const Ref& e, double timeoutS, const std::function<bool()>& stop) {
+    return waitFor(e, timeoutS, stop, [&] { return e->recorded; });
+  }
+  Wait waitLaunched(const Ref& e, double timeoutS, const std::function<bool()>& stop) {
+    return waitFor(e, timeoutS, stop, [&] { return e->launched; });
+  }
+
+  // Rank `rank`, one of the `ranksHere` ranks of a communicator on GPU `place`, enters group
+  // `group` (groups come in the same order on every rank). A sibling looks for an entry of
+  // group g only when it enters g, so once all of them entered a later group, the entries of
+  // g are never claimed: they go. Siblings with a stream each leave such entries at every
+  // operation; this, not the bound, keeps them few, however far one rank's thread runs ahead
+  // of another's (the bound alone could push out an entry a late sibling still needs, which
+  // would then wait for the other's kernel behind its own).
+  void entered(uint64_t commHash, int place, int rank, int ranksHere, GroupPos group) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Progress& p = progress_[{commHash, place}];
     p.at[rank] = group;
     if (int(p.at.size()) < ranksHere) return;
-    uint64_t low = group;
+    GroupPos low = group;
     for (const auto& [r, g] : p.at) low = g < low ? g : low;
     while (!p.byGroup.empty() && p.byGroup.begin()->first < low) {
-      erase(map_.find({commHash, p.byGroup.begin()->second, p.byGroup.begin()->first}));
+      map_.erase({commHash, place, p.byGroup.begin()->second, p.byGroup.begin()->first});
       p.byGroup.erase(p.byGroup.begin());
     }
   }
 
-  size_t size() const { return map_.size(); }
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return map_.size();
+  }
 
  private:
-  struct Entry {
-    Event event;
+  struct Slot {
+    Ref entry;
     int left;  // siblings yet to claim it
   };
   struct Hash {
     size_t operator()(const StreamEntryKey& k) const {
       uint64_t h = k.commHash * 0x9e3779b97f4a7c15ull;
       h ^= reinterpret_cast<uintptr_t>(k.stream) + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
-      h ^= k.group + 0x94d049bb133111ebull + (h << 6) + (h >> 2);
+      h ^= k.group.coll + 0x94d049bb133111ebull + (h << 6) + (h >> 2);
+      h ^= k.group.sub + uint64_t(k.place) * 0xbf58476d1ce4e5b9ull + (h << 6) + (h >> 2);
       return size_t(h);
     }
   };
-  // An entry (if there is one: it may be claimed by all and gone) and its event go.
-  template <class It>
-  void erase(It it) {
-    if (it == map_.end()) return;
-    release_(it->second.event);
-    map_.erase(it);
-  }
-  struct Progress {
-    std::unordered_map<int, uint64_t> at;          // each sibling's latest group
-    std::multimap<uint64_t, const void*> byGroup;  // entries left (or gone since), by group
+  // Gives the event back once the last holder (the table, the first, a follower) lets go.
+  struct Release {
+    StreamEntries* table;
+    void operator()(Entry* e) const {
+      table->release_(e->event);
+      delete e;
+    }
   };
+  struct Progress {
+    std::unordered_map<int, GroupPos> at;          // each sibling's latest group
+    std::multimap<GroupPos, const void*> byGroup;  // entries left (or gone since)
+  };
+  template <class Ready>
+  Wait waitFor(const Ref& e, double timeoutS, const std::function<bool()>& stop, Ready ready) {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(timeoutS > 0 ? timeoutS : 1e9));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!ready() && !e->failed) {
+      if (stop && stop()) return Wait::kStopped;
+      if (Clock::now() >= deadline) return Wait::kTimedOut;
+      cv_.wait_for(lock, std::chrono::milliseconds(10));
+    }
+    return e->failed ? Wait::kFailed : Wait::kReady;
+  }
   // Pushed out by the bound: the entry, if still there, and its place by group.
   void drop(const StreamEntryKey& key) {
-    erase(map_.find(key));
-    auto p = progress_.find(key.commHash);
+    map_.erase(key);
+    auto p = progress_.find({key.commHash, key.place});
     if (p == progress_.end()) return;
     auto [from, to] = p->second.byGroup.equal_range(key.group);
     for (auto g = from; g != to; ++g) {
@@ -114,11 +211,14 @@ class StreamEntries {
       }
     }
   }
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
   size_t bound_;
   std::function<void(Event)> release_;
-  std::unordered_map<StreamEntryKey, Entry, Hash> map_;
+  std::unordered_map<StreamEntryKey, Slot, Hash> map_;
   std::deque<StreamEntryKey> order_;  // oldest first; keys of gone entries too (once each)
-  std::unordered_map<uint64_t, Progress> progress_;  // per communicator
+  std::map<std::pair<uint64_t, int>, Progress> progress_;  // per communicator and GPU
 };
 
 }  // namespace tutti

@@ -238,6 +238,43 @@ TEST(GpuStreams, RanksOnThreadsSharingOneStreamWithoutAGroupComplete) {
   cudaStreamDestroy(stream);
 }
 
+// Ranks 0 and 1 exchange on the shared stream while ranks 2 and 3 do nothing, then all four
+// all-reduce again, many times over, each from its own thread with no group around a
+// collective. The exchange must not shift the others' group numbers (their entries would no
+// longer match: each rank led on the stream, behind another's kernel), and a rank called
+// between a sibling's enter and launch must not join the stream ahead of that sibling's kernel.
+TEST(GpuStreams, SendsAmongSomeRanksThenCollectivesOnOneSharedStreamComplete) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 4;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  std::vector<ncclComm_t> comms = initThreads(n);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  RankBuffers b(n, 4096), got(n, 4096);
+  for (int r = 0; r < n; ++r) b.fill(r, float(r + 1), stream);
+  onThreads(n, [&](int r) {
+    ncclComm_t c = comms[size_t(r)];
+    float* buf = b.bufs[size_t(r)];
+    EXPECT_EQ(ncclAllReduce(buf, buf, b.count, ncclFloat, ncclSum, c, stream), ncclSuccess);
+    for (int round = 0; round < 2 && r < 2; ++round) {
+      EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+      EXPECT_EQ(ncclSend(buf, b.count, ncclFloat, 1 - r, c, stream), ncclSuccess);
+      EXPECT_EQ(ncclRecv(got.bufs[size_t(r)], b.count, ncclFloat, 1 - r, c, stream), ncclSuccess);
+      EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+    }
+    for (int round = 0; round < 200; ++round) {  // all equal: the average keeps them
+      EXPECT_EQ(ncclAllReduce(buf, buf, b.count, ncclFloat, ncclAvg, c, stream), ncclSuccess)
+          << ncclGetLastError(c);
+    }
+    EXPECT_EQ(ncclAllReduce(buf, buf, b.count, ncclFloat, ncclSum, c, stream), ncclSuccess);
+  });
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(b.check(r, 40.0f, stream), "");  // (1+2+3+4) * 4
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(got.check(r, 10.0f, stream), "");
+  destroyAll(comms);
+  cudaStreamDestroy(stream);
+}
+
 // Captured once into a CUDA graph, replayed with new inputs: each replay all-reduces them.
 TEST(GpuGraphs, CapturedAllReduceGivesTheRightResultOnEveryReplay) {
   SKIP_WITHOUT_GPU();

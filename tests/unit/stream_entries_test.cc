@@ -4,93 +4,139 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
 
+using tutti::GroupPos;
 using tutti::StreamEntries;
 using tutti::StreamEntryKey;
+using Entries = StreamEntries<int>;
+using Wait = Entries::Wait;
 
 int streams[2];  // two distinct stream handles
 const void* const A = &streams[0];
 const void* const B = &streams[1];
 
-TEST(StreamEntries, EachSiblingClaimsTheEntryOnceThenItGoes) {
-  // What happened to events, in order: "use N" for a claim's use, "release N".
-  std::vector<std::string> log;
-  StreamEntries<int> t(1024, [&](int e) { log.push_back("release " + std::to_string(e)); });
-  auto claim = [&](const StreamEntryKey& k) {
-    int got = -1;
-    const bool found = t.claim(k, [&](int e) {
-      got = e;
-      log.push_back("use " + std::to_string(e));
-    });
-    EXPECT_EQ(found, got >= 0) << "claim says it found an entry exactly when it used one";
-    return got;
-  };
-  t.add({7, A, 1}, 100, 3);  // the first of 4 ranks on stream A, group 1
-  EXPECT_EQ(claim({7, A, 2}), -1) << "another group";
-  EXPECT_EQ(claim({7, B, 1}), -1) << "another stream";
-  EXPECT_EQ(claim({8, A, 1}), -1) << "another communicator";
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(claim({7, A, 1}), 100) << "sibling " << i;
-  // The last sibling's use comes before the event goes back (release may destroy it).
-  EXPECT_EQ(log, (std::vector<std::string>{"use 100", "use 100", "use 100", "release 100"}));
-  EXPECT_EQ(claim({7, A, 1}), -1) << "a fourth claim finds nothing";
-  EXPECT_EQ(t.size(), 0u);
+StreamEntryKey key(uint64_t comm, const void* stream, uint64_t coll, uint64_t sub = 0,
+                   int place = 0) {
+  return {comm, place, stream, GroupPos{coll, sub}};
 }
 
-// The event a claim returns, or -1.
-int claimed(StreamEntries<int>& t, const StreamEntryKey& k) {
-  int got = -1;
-  t.claim(k, [&](int e) { got = e; });
-  return got;
+// Joins `k` as rank `rank`; a new entry gets event `make`. Returns the entry and whether the
+// caller was first.
+std::pair<Entries::Ref, bool> join(Entries& t, const StreamEntryKey& k, int make, int siblings = 1,
+                                   int rank = 0, bool onStream = true) {
+  bool first = false;
+  Entries::Ref e = t.join(
+      k, siblings, rank, onStream,
+      [&](int* ev) {
+        *ev = make;
+        return true;
+      },
+      &first);
+  return {e, first};
+}
+
+// The event a follower's join finds, or -1 where the caller became the first (its new entry
+// then stays for siblings).
+int claimed(Entries& t, const StreamEntryKey& k) {
+  auto [e, first] = join(t, k, -1);
+  return first ? -1 : e->event;
+}
+
+TEST(StreamEntries, EachSiblingJoinsTheFirstsEntryOnceThenItGoes) {
+  std::mutex mu;
+  std::vector<std::string> log;  // "release N", in order
+  Entries t(1024, [&](int e) {
+    std::lock_guard<std::mutex> lock(mu);
+    log.push_back("release " + std::to_string(e));
+  });
+  auto [lead, first] = join(t, key(7, A, 1), 100, 3, /*rank=*/2);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(lead->firstRank, 2);
+  // Another group, stream, communicator or GPU: each is an entry of its own.
+  for (const StreamEntryKey& other :
+       {key(7, A, 2), key(7, B, 1), key(8, A, 1), key(7, A, 1, 1), key(7, A, 1, 0, 1)}) {
+    auto [e, f] = join(t, other, 200);
+    EXPECT_TRUE(f);
+    EXPECT_EQ(e->event, 200);
+  }
+  EXPECT_EQ(t.size(), 6u);
+  EXPECT_TRUE(log.empty()) << "entries wait for their siblings";
+  std::vector<Entries::Ref> held;
+  for (int i = 0; i < 3; ++i) {
+    auto [e, f] = join(t, key(7, A, 1), -1);
+    EXPECT_FALSE(f) << "sibling " << i;
+    EXPECT_EQ(e->event, 100);
+    held.push_back(e);
+  }
+  EXPECT_EQ(t.size(), 5u) << "used up by its three followers";
+  EXPECT_TRUE(log.empty()) << "the event stays while the first and followers hold it";
+  lead.reset();
+  held.pop_back();
+  held.pop_back();
+  EXPECT_TRUE(log.empty());
+  held.clear();
+  EXPECT_EQ(log, std::vector<std::string>{"release 100"});
+}
+
+TEST(StreamEntries, NoEntryWhereTheEventCannotBeMade) {
+  int releases = 0;
+  Entries t(1024, [&](int) { ++releases; });
+  bool first = false;
+  auto e = t.join(
+      key(7, A, 1), 1, 0, true, [](int*) { return false; }, &first);
+  EXPECT_TRUE(first);
+  EXPECT_EQ(e, nullptr);
+  EXPECT_EQ(t.size(), 0u);
+  EXPECT_EQ(releases, 0);
+  EXPECT_TRUE(join(t, key(7, A, 1), 5).second) << "the next sibling becomes the first";
 }
 
 TEST(StreamEntries, UnclaimedEntriesStayWithinTheBoundOldestGoFirst) {
   std::vector<int> released;
-  StreamEntries<int> t(4, [&](int e) { released.push_back(e); });
+  Entries t(4, [&](int e) { released.push_back(e); });
   // Siblings with a stream each: nobody claims. Every new entry beyond 4 pushes the oldest out.
-  for (int g = 0; g < 10; ++g) t.add({7, A, uint64_t(g)}, 100 + g, 1);
+  for (int g = 0; g < 10; ++g) join(t, key(7, A, uint64_t(g)), 100 + g);
   EXPECT_EQ(t.size(), 4u);
   EXPECT_EQ(released, (std::vector<int>{100, 101, 102, 103, 104, 105}));
-  EXPECT_EQ(claimed(t, {7, A, 5}), -1);
-  for (int g = 6; g < 10; ++g) EXPECT_EQ(claimed(t, {7, A, uint64_t(g)}), 100 + g);
+  for (int g = 6; g < 10; ++g) EXPECT_EQ(claimed(t, key(7, A, uint64_t(g))), 100 + g);
   EXPECT_EQ(t.size(), 0u);
   // Claimed entries still hold their place in the order once: the bound counts them until
   // they pass, and no live entry is pushed out early by them.
   released.clear();
-  t.add({7, B, 20}, 200, 1);
-  t.add({7, B, 21}, 201, 1);
+  join(t, key(7, B, 20), 200);
+  join(t, key(7, B, 21), 201);
   EXPECT_TRUE(released.empty()) << "the claimed keys went first";
-  EXPECT_EQ(claimed(t, {7, B, 20}), 200);
-  EXPECT_EQ(claimed(t, {7, B, 21}), 201);
+  EXPECT_EQ(claimed(t, key(7, B, 20)), 200);
+  EXPECT_EQ(claimed(t, key(7, B, 21)), 201);
 }
 
 TEST(StreamEntries, ManyEntriesAreFoundByKey) {
   int releases = 0;
-  StreamEntries<int> t(1024, [&](int) { ++releases; });
-  for (int g = 0; g < 1000; ++g) t.add({uint64_t(g % 3), g % 2 ? A : B, uint64_t(g)}, g, 1);
+  Entries t(1024, [&](int) { ++releases; });
+  for (int g = 0; g < 1000; ++g) join(t, key(uint64_t(g % 3), g % 2 ? A : B, uint64_t(g)), g);
   for (int g = 999; g >= 0; --g) {
-    EXPECT_EQ(claimed(t, {uint64_t(g % 3), g % 2 ? A : B, uint64_t(g)}), g);
+    EXPECT_EQ(claimed(t, key(uint64_t(g % 3), g % 2 ? A : B, uint64_t(g))), g);
   }
   EXPECT_EQ(releases, 1000);
 }
 
-}  // namespace
-
-namespace {
-
 // Three ranks of one communicator on one GPU in one process: ranks 0 and 1 share stream A
 // (rank 0 enters first and leads), rank 2 has stream B of its own and leads there alone.
-// Each group, as device_engine.cc's enter() does: report the group, then claim or add.
+// Each group, as device_engine.cc's enter() does: report the group, then join.
 struct Siblings {
   int releases = 0;
-  StreamEntries<int> t{8192, [this](int) { ++releases; }};
-  void enter(int rank, uint64_t g) {
-    t.entered(7, rank, 3, g);
-    const StreamEntryKey key{7, rank == 2 ? B : A, g};
-    if (claimed(t, key) < 0) t.add(key, int(g), 2);
+  Entries t{8192, [this](int) { ++releases; }};
+  void enter(int rank, uint64_t g, int place = 0) {
+    t.entered(7, place, rank, 3, GroupPos{g, 0});
+    join(t, key(7, rank == 2 ? B : A, g, 0, place), int(g), 2, rank);
   }
 };
 
@@ -112,21 +158,126 @@ TEST(StreamEntries, ALateSiblingFindsEveryEntryHowFarBehindItIs) {
     s.enter(2, g);
   }
   for (uint64_t g = 0; g < 3000; ++g) {
-    s.t.entered(7, 1, 3, g);
-    ASSERT_EQ(claimed(s.t, {7, A, g}), int(g)) << "rank 1 lost rank 0's entry of group " << g;
+    s.t.entered(7, 0, 1, 3, GroupPos{g, 0});
+    ASSERT_EQ(claimed(s.t, key(7, A, g)), int(g)) << "rank 1 lost rank 0's entry of group " << g;
   }
   EXPECT_LE(s.t.size(), 2u) << "caught up: only the latest group's entries are left";
 }
 
+TEST(StreamEntries, ProgressIsCountedPerGpu) {
+  // Ranks 0 and 1 on GPU 0 share stream A; ranks 2 and 3 on GPU 1 share stream B; all four in
+  // one process. Ranks 0, 2 and 3 run ahead; rank 1 has not entered group 0 yet. Counting the
+  // siblings of all GPUs together, three ranks past group 0 looked like "all of them" (two
+  // per GPU) and rank 0's entry for rank 1 went.
+  Entries t(8192, [](int) {});
+  for (uint64_t g = 0; g < 3; ++g) {
+    t.entered(7, 0, 0, 2, GroupPos{g, 0});
+    join(t, key(7, A, g, 0, 0), 10 + int(g), 1, 0);
+    t.entered(7, 1, 2, 2, GroupPos{g, 0});
+    join(t, key(7, B, g, 0, 1), 20 + int(g), 1, 2);
+    t.entered(7, 1, 3, 2, GroupPos{g, 0});
+    EXPECT_EQ(claimed(t, key(7, B, g, 0, 1)), 20 + int(g));
+  }
+  for (uint64_t g = 0; g < 3; ++g) {
+    t.entered(7, 0, 1, 2, GroupPos{g, 0});
+    EXPECT_EQ(claimed(t, key(7, A, g, 0, 0)), 10 + int(g)) << "group " << g;
+  }
+}
+
 TEST(StreamEntries, TheBoundHoldsWhereASiblingNeverEnters) {
   int releases = 0;
-  StreamEntries<int> t(16, [&](int) { ++releases; });
+  Entries t(16, [&](int) { ++releases; });
   for (uint64_t g = 0; g < 100; ++g) {
-    t.entered(7, 0, 2, g);  // rank 1 of 2 never comes: progress cannot tell
-    t.add({7, A, g}, int(g), 1);
+    t.entered(7, 0, 0, 2, GroupPos{g, 0});  // rank 1 of 2 never comes: progress cannot tell
+    join(t, key(7, A, g), int(g), 1);
   }
   EXPECT_EQ(t.size(), 16u);
   EXPECT_EQ(releases, 84);
+}
+
+TEST(StreamEntries, SendsAmongSomeRanksDoNotShiftTheOthersCollectives) {
+  // Ranks 0, 1 and 2: an all-reduce; ranks 0 and 2 exchange in two groups of their own (rank
+  // 1 prepares nothing then); all three all-reduce again. Counting every group, rank 1's
+  // second all-reduce was group 1 and the others' group 3: no sibling found the first's
+  // entry, so each led on the shared stream, queued behind the other: a deadlock.
+  using tutti::nextGroup;
+  GroupPos r0, r1, r2;
+  r0 = nextGroup(r0, true);
+  r1 = nextGroup(r1, true);
+  r2 = nextGroup(r2, true);
+  EXPECT_TRUE(r0 == r1 && r1 == r2);
+  for (int i = 0; i < 2; ++i) {
+    r0 = nextGroup(r0, false);
+    r2 = nextGroup(r2, false);
+    EXPECT_TRUE(r0 == r2) << "the two in the exchange match each other";
+    EXPECT_TRUE(r1 < r0) << "and come after the collective before";
+  }
+  r0 = nextGroup(r0, true);
+  r1 = nextGroup(r1, true);
+  r2 = nextGroup(r2, true);
+  EXPECT_TRUE(r0 == r1 && r1 == r2) << "the next collective matches on all three";
+  EXPECT_EQ(r0.coll, 2u);
+  EXPECT_EQ(r0.sub, 0u);
+}
+
+TEST(StreamEntries, AFollowerWaitsUntilTheFirstRecordedAndLaunched) {
+  Entries t(1024, [](int) {});
+  auto [lead, first] = join(t, key(7, A, 1), 42, 1, 0, /*onStream=*/true);
+  ASSERT_TRUE(first);
+  std::atomic<int> stage{0};  // what the first's thread has done: 1 recorded, 2 launched
+  std::atomic<int> sawRecorded{-1}, sawLaunched{-1};
+  std::thread follower([&] {
+    auto [e, f] = join(t, key(7, A, 1), -1);
+    EXPECT_FALSE(f);
+    EXPECT_EQ(t.waitRecorded(e, 30, nullptr), Wait::kReady);
+    sawRecorded = stage.load();
+    EXPECT_EQ(t.waitLaunched(e, 30, nullptr), Wait::kReady);
+    sawLaunched = stage.load();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  stage = 1;
+  t.recorded(lead, true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  stage = 2;
+  t.launched(lead);
+  follower.join();
+  EXPECT_EQ(sawRecorded, 1) << "the follower went on before the first recorded its event";
+  EXPECT_EQ(sawLaunched, 2) << "the follower joined back before the first launched";
+}
+
+TEST(StreamEntries, AFollowersWaitEndsOnFailureAbortOrDeadline) {
+  Entries t(1024, [](int) {});
+  {
+    auto [lead, first] = join(t, key(7, A, 1), 1);
+    auto [e, f] = join(t, key(7, A, 1), -1);
+    std::thread failer([&, lead = lead] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      t.recorded(lead, false);
+    });
+    EXPECT_EQ(t.waitRecorded(e, 30, nullptr), Wait::kFailed);
+    EXPECT_EQ(t.waitLaunched(e, 30, nullptr), Wait::kFailed);
+    failer.join();
+  }
+  {
+    auto [lead, first] = join(t, key(7, A, 2), 2);
+    auto [e, f] = join(t, key(7, A, 2), -1);
+    std::atomic<bool> aborted{false};
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      aborted = true;
+    });
+    EXPECT_EQ(t.waitRecorded(e, 30, [&] { return aborted.load(); }), Wait::kStopped);
+    aborter.join();
+  }
+  {
+    auto [lead, first] = join(t, key(7, A, 3), 3);
+    auto [e, f] = join(t, key(7, A, 3), -1);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(t.waitRecorded(e, 0.1, nullptr), Wait::kTimedOut);
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(100));
+    t.recorded(lead, true);
+    EXPECT_EQ(t.waitLaunched(e, 0.05, nullptr), Wait::kTimedOut) << "recorded, not launched";
+  }
 }
 
 }  // namespace
