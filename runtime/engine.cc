@@ -81,6 +81,7 @@ Status Engine::run(const CollArgs* ops, size_t nops, bool deferDeviceLaunch) {
     TUTTI_WARN("%s", s.message().c_str());
     comm_.setAsyncError(s);
     comm_.links().breakAll();  // the peers stop waiting for this rank
+    if (!onDevice.empty()) comm_.deviceEngine().breakLinks();  // their kernels too
   }
   return s;
 }

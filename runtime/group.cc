@@ -6,6 +6,8 @@
 #include "runtime/comm.h"
 #include "runtime/device_engine.h"
 #include "runtime/engine.h"
+#include "runtime/links.h"
+#include "runtime/log.h"
 
 namespace tutti::group {
 namespace {
@@ -85,23 +87,34 @@ Status runBatches(std::vector<Batch>& batches) {
   for (const Status& s : results) {
     if (first.ok() && !s.ok()) first = s;
   }
-  std::vector<DeviceEngine*> dev;
+  std::vector<Comm*> dev;
   for (size_t i = 0; i < batches.size(); ++i) {
     bool any = false;
     for (const CollArgs& op : batches[i].ops) any |= op.device;
-    if (any && results[i].ok()) dev.push_back(&batches[i].comm->deviceEngine());
+    if (any && results[i].ok()) dev.push_back(batches[i].comm);
   }
-  for (DeviceEngine* d : dev) {
-    Status s = first.ok() ? d->enter(/*grouped=*/true) : Status::Ok();
+  const bool before = first.ok();
+  for (Comm* c : dev) {
+    Status s = first.ok() ? c->deviceEngine().enter(/*grouped=*/true) : Status::Ok();
     if (first.ok() && !s.ok()) first = s;
   }
-  for (DeviceEngine* d : dev) {
-    Status s = first.ok() ? d->launch() : Status::Ok();
+  for (Comm* c : dev) {
+    Status s = first.ok() ? c->deviceEngine().launch() : Status::Ok();
     if (first.ok() && !s.ok()) first = s;
   }
-  for (DeviceEngine* d : dev) {
-    Status s = d->leave();  // also drops what a failure left unlaunched
+  for (Comm* c : dev) {
+    Status s = c->deviceEngine().leave();  // also drops what a failure left unlaunched
     if (first.ok() && !s.ok()) first = s;
+  }
+  if (before && !first.ok()) {
+    // Some of the group's kernels may be queued and others not: every communicator of it
+    // fails, and its peers stop waiting for this rank (as Engine::run does for one).
+    TUTTI_WARN("%s", first.message().c_str());
+    for (Comm* c : dev) {
+      c->setAsyncError(first);
+      c->links().breakAll();
+      c->deviceEngine().breakLinks();
+    }
   }
   return first;
 }
