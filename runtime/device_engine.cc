@@ -87,8 +87,11 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
   timeoutS_ = env::getDouble("TUTTI_TIMEOUT", 1800);
   const PeerInfo& me = comm.peers()[size_t(comm.rank())];
   for (const PeerInfo& q : comm.peers()) {
-    siblings_ += q.rank != me.rank && q.pid == me.pid && q.pidNs == me.pidNs &&
-                 q.hostHash == me.hostHash && strcmp(q.busId, me.busId) == 0 && q.cudaDev >= 0;
+    const bool sibling = q.rank != me.rank && q.pid == me.pid && q.pidNs == me.pidNs &&
+                         q.hostHash == me.hostHash && strcmp(q.busId, me.busId) == 0 &&
+                         q.cudaDev >= 0;
+    isSibling_.push_back(sibling);
+    siblings_ += sibling;
   }
   if (auto p = env::getString("NCCL_PROTO")) {
     std::string v = *p;
@@ -297,12 +300,23 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   cfg.connectAllChannels = true;
   TUTTI_TRY(
       connect(cfg, ops, nops).withContext("rank " + std::to_string(r) + ": connecting GPU links"));
-  // The group's place in the sequence, alike on the siblings that take part (GroupPos).
+  // The group's place in the sequence, alike on the siblings that take part (GroupPos), and
+  // how many siblings take part: all for a collective, the peers of sends and receives.
   bool collective = false;
+  std::vector<int> ranks{r};
   for (size_t i = 0; i < nops; ++i) {
-    collective |= ops[i].kind != CollKind::kSend && ops[i].kind != CollKind::kRecv;
+    const bool p2p = ops[i].kind == CollKind::kSend || ops[i].kind == CollKind::kRecv;
+    collective |= !p2p;
+    if (p2p && isSibling_[size_t(ops[i].root)]) ranks.push_back(ops[i].root);
   }
-  groupPos_ = nextGroup(groupPos_, collective);
+  if (collective) {
+    groupPos_ = groups_.collective();
+    groupSiblings_ = siblings_;
+  } else {
+    groupPos_ = groups_.exchange(ranks);
+    std::sort(ranks.begin(), ranks.end());
+    groupSiblings_ = int(std::unique(ranks.begin(), ranks.end()) - ranks.begin()) - 1;
+  }
   auto link = [this](int peer, int channel, bool send) -> const transport::FifoView* {
     return send ? links_->send(peer, channel) : links_->recv(peer, channel);
   };
@@ -342,7 +356,7 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
 // the first call's join, which waits for the second rank's kernel -- so a rank called later
 // from another thread waits only for the stream work issued before the first sibling's call.
 // Inside one group (runBatches) all entries come before any join, and nothing changes.
-// No CUDA call is made under a lock the siblings share (runtime/stream_entries.h says why).
+// Nothing is queued on a stream under a lock the siblings share (runtime/stream_entries.h).
 namespace {
 std::mutex gPoolMu;
 std::map<int, std::vector<cudaEvent_t>> gFreeEvents;  // used ones, per GPU, for next entries
@@ -367,7 +381,7 @@ StreamEntries<DeviceEvent> gShared(8192, releaseEvent);
 Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follower) {
   auto own = static_cast<cudaStream_t>(stream_);
   auto stream = static_cast<cudaStream_t>(s);
-  if (siblings_ == 0) {
+  if (groupSiblings_ == 0) {  // none takes part: the stream's order is safe
     if (direct) return Status::Ok();
     // The own stream waits for what the caller's stream holds now.
     auto e = static_cast<cudaEvent_t>(entry_);
@@ -394,7 +408,7 @@ Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follo
     return made.ok();
   };
   bool first = false;
-  Entries::Ref entry = gShared.join(key, siblings_, comm_.rank(), direct, make, &first);
+  Entries::Ref entry = gShared.join(key, groupSiblings_, comm_.rank(), direct, make, &first);
   if (!entry) return made;
   const auto ev = static_cast<cudaEvent_t>(entry->event.event);
   if (!first) {

@@ -10,11 +10,11 @@
 // of this communicator in this process on this GPU) pass one stream, the first to enter
 // launches on it and the others on their own streams, fenced to the point the first one
 // recorded (see enterStream); a follower joins the shared stream back only once the first's
-// kernels are queued there (runtime/stream_entries.h). The three phases let one thread drive several communicators in
-// one group (the ncclCommInitAll pattern) with all its entries recorded before any kernel can
-// block a stream, and caps on blocks per launch keep every rank's kernels resident together.
-// Works under CUDA graph capture: every step is stream-ordered and the kernels find their
-// FIFO positions in the FIFO counters, not in launch arguments.
+// kernels are queued there (runtime/stream_entries.h). The three phases let one thread drive
+// several communicators in one group (the ncclCommInitAll pattern) with all its entries recorded
+// before any kernel can block a stream, and caps on blocks per launch keep every rank's kernels
+// resident together. Works under CUDA graph capture: every step is stream-ordered and the kernels
+// find their FIFO positions in the FIFO counters, not in launch arguments.
 #pragma once
 
 #include <atomic>
@@ -95,11 +95,14 @@ class DeviceEngine {
   size_t llMaxBytes_;
   size_t channelBytes_;
   double timeoutS_;
-  int proto_ = -1;              // NCCL_PROTO: -1 automatic
-  int siblings_ = 0;            // other ranks of this comm in this process on this GPU
-  bool ringConnected_ = false;  // the first collective made every channel's ring links
-  GroupPos groupPos_;           // the prepared group's place, alike on the siblings in it
-  bool entered_ = false;        // enter() made the prepared group's entries
+  int proto_ = -1;               // NCCL_PROTO: -1 automatic
+  int siblings_ = 0;             // other ranks of this comm in this process on this GPU
+  bool ringConnected_ = false;   // the first collective made every channel's ring links
+  std::vector<bool> isSibling_;  // by rank
+  GroupCounter groups_;
+  GroupPos groupPos_;      // the prepared group's place, alike on the siblings in it
+  int groupSiblings_ = 0;  // the siblings that take part in it
+  bool entered_ = false;   // enter() made the prepared group's entries
   bool warnedShared_ = false;
   devplan::Plan plan_;                   // the prepared group
   std::vector<const void*> kernels_;     // one per plan_.launches

@@ -106,10 +106,12 @@ Status runBatches(std::vector<Batch>& batches) {
     Status s = c->deviceEngine().leave();  // also drops what a failure left unlaunched
     if (first.ok() && !s.ok()) first = s;
   }
-  if (before && !first.ok()) {
-    // Some of the group's kernels may be queued and others not: every communicator of it
-    // fails, and its peers stop waiting for this rank (as Engine::run does for one).
-    TUTTI_WARN("%s", first.message().c_str());
+  if (!first.ok()) {
+    // Some of the group's kernels may be queued and others not (none where a communicator's
+    // own part failed first, though the others prepared theirs): every communicator with
+    // device work fails, and its peers stop waiting for this rank (as Engine::run does for
+    // one; a failure there was reported already).
+    if (before) TUTTI_WARN("%s", first.message().c_str());
     for (Comm* c : dev) {
       c->setAsyncError(first);
       c->links().breakAll();

@@ -3,10 +3,10 @@
 // event there; a sibling that passes the same stream for the same group waits for that event
 // instead of the stream. Every call of every sibling joins one, so the lookup is a hash.
 //
-// Thread-safe, and no CUDA call is made under its lock: the first sibling records its event
-// after join() returns (a record can block while the stream's queue is full, and that queue
-// drains only once the other siblings launch), then says so (recorded); a follower waits for
-// that before it waits for the event. When the first launches on the shared stream itself, a
+// Thread-safe, and nothing is queued on a stream under its lock (only events are made and
+// destroyed there): the first sibling records its event after join() returns (a record can
+// block while the stream's queue is full, and that queue drains only once the other siblings
+// launch), then says so (recorded); a follower waits for that before it waits for the event. When the first launches on the shared stream itself, a
 // follower's join back to that stream must come after the first's kernels (else the stream
 // holds the follower's join, which waits for the follower's kernel, which waits for the
 // first's kernel queued behind the join): the follower waits for launched() first.
@@ -14,6 +14,7 @@
 // GPU has passed their group. Plain C++ over any event type, so that CI tests it without a GPU.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -25,26 +26,52 @@
 #include <mutex>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace tutti {
 
-// Where a group stands in a communicator's sequence, alike on the siblings that take part:
-// groups with a collective (every rank calls every collective) count up `coll`; a group of
-// sends and receives alone is `sub` = 1, 2, ... after the collective group before it, so that
-// sends and receives between some of the ranks never shift the others' collectives.
+// Where a group stands in a communicator's sequence, alike on the siblings that take part.
+// Groups with a collective (every rank calls every collective) count up `coll`. A group of
+// sends and receives alone belongs to the ranks it joins: `set` names them (this rank and the
+// siblings it sends to or receives from), and `sub` counts that set's groups since the
+// collective before. So exchanges among some ranks never shift the others' numbers, and two
+// exchanges match only if the same ranks make them (r0 -> r1, then r1 -> r2: r1's second
+// group matches r2's first).
 struct GroupPos {
   uint64_t coll = 0;
   uint64_t sub = 0;
-  bool operator==(const GroupPos& o) const { return coll == o.coll && sub == o.sub; }
+  uint64_t set = 0;  // 0 for a collective group
+  bool operator==(const GroupPos& o) const {
+    return coll == o.coll && sub == o.sub && set == o.set;
+  }
   bool operator<(const GroupPos& o) const {
-    return coll < o.coll || (coll == o.coll && sub < o.sub);
+    if (coll != o.coll) return coll < o.coll;
+    return sub != o.sub ? sub < o.sub : set < o.set;
   }
 };
 
-// The place of a rank's next group after `prev`.
-inline GroupPos nextGroup(const GroupPos& prev, bool collective) {
-  return collective ? GroupPos{prev.coll + 1, 0} : GroupPos{prev.coll, prev.sub + 1};
-}
+// Numbers one rank's groups (GroupPos).
+class GroupCounter {
+ public:
+  GroupPos collective() {
+    p2p_.clear();
+    return last_ = GroupPos{last_.coll + 1, 0, 0};
+  }
+  // Sends and receives among `ranks` (this rank and its sibling peers in the group, any order,
+  // repeats allowed).
+  GroupPos exchange(std::vector<int> ranks) {
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int r : ranks) h = (h ^ uint64_t(uint32_t(r))) * 0x100000001b3ull;
+    h |= 1;  // never 0, a collective's
+    return last_ = GroupPos{last_.coll, ++p2p_[ranks], h};
+  }
+
+ private:
+  GroupPos last_;
+  std::map<std::vector<int>, uint64_t> p2p_;  // each set's exchanges since the collective
+};
 
 struct StreamEntryKey {
   uint64_t commHash;
@@ -134,20 +161,20 @@ class StreamEntries {
   }
 
   // Rank `rank`, one of the `ranksHere` ranks of a communicator on GPU `place`, enters group
-  // `group` (groups come in the same order on every rank). A sibling looks for an entry of
-  // group g only when it enters g, so once all of them entered a later group, the entries of
-  // g are never claimed: they go. Siblings with a stream each leave such entries at every
-  // operation; this, not the bound, keeps them few, however far one rank's thread runs ahead
-  // of another's (the bound alone could push out an entry a late sibling still needs, which
-  // would then wait for the other's kernel behind its own).
+  // `group` (collective groups come in the same order on every rank). A sibling looks for an
+  // entry of a group only when it enters that group, so once all of them entered a later
+  // collective group, the entries before it are never claimed: they go. Siblings with a stream each
+  // leave such entries at every operation; this, not the bound, keeps them few, however far one
+  // rank's thread runs ahead of another's (the bound alone could push out an entry a late sibling
+  // still needs, which would then wait for the other's kernel behind its own).
   void entered(uint64_t commHash, int place, int rank, int ranksHere, GroupPos group) {
     std::lock_guard<std::mutex> lock(mu_);
     Progress& p = progress_[{commHash, place}];
-    p.at[rank] = group;
+    p.at[rank] = group.coll;
     if (int(p.at.size()) < ranksHere) return;
-    GroupPos low = group;
-    for (const auto& [r, g] : p.at) low = g < low ? g : low;
-    while (!p.byGroup.empty() && p.byGroup.begin()->first < low) {
+    uint64_t low = group.coll;
+    for (const auto& [r, c] : p.at) low = c < low ? c : low;
+    while (!p.byGroup.empty() && p.byGroup.begin()->first.coll < low) {
       map_.erase({commHash, place, p.byGroup.begin()->second, p.byGroup.begin()->first});
       p.byGroup.erase(p.byGroup.begin());
     }
@@ -169,6 +196,7 @@ class StreamEntries {
       h ^= reinterpret_cast<uintptr_t>(k.stream) + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
       h ^= k.group.coll + 0x94d049bb133111ebull + (h << 6) + (h >> 2);
       h ^= k.group.sub + uint64_t(k.place) * 0xbf58476d1ce4e5b9ull + (h << 6) + (h >> 2);
+      h ^= k.group.set + (h << 6) + (h >> 2);
       return size_t(h);
     }
   };
@@ -181,7 +209,7 @@ class StreamEntries {
     }
   };
   struct Progress {
-    std::unordered_map<int, GroupPos> at;          // each sibling's latest group
+    std::unordered_map<int, uint64_t> at;          // each sibling's latest collective group
     std::multimap<GroupPos, const void*> byGroup;  // entries left (or gone since)
   };
   template <class Ready>

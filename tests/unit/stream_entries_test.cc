@@ -13,6 +13,7 @@
 
 namespace {
 
+using tutti::GroupCounter;
 using tutti::GroupPos;
 using tutti::StreamEntries;
 using tutti::StreamEntryKey;
@@ -200,24 +201,68 @@ TEST(StreamEntries, SendsAmongSomeRanksDoNotShiftTheOthersCollectives) {
   // 1 prepares nothing then); all three all-reduce again. Counting every group, rank 1's
   // second all-reduce was group 1 and the others' group 3: no sibling found the first's
   // entry, so each led on the shared stream, queued behind the other: a deadlock.
-  using tutti::nextGroup;
-  GroupPos r0, r1, r2;
-  r0 = nextGroup(r0, true);
-  r1 = nextGroup(r1, true);
-  r2 = nextGroup(r2, true);
-  EXPECT_TRUE(r0 == r1 && r1 == r2);
+  GroupCounter r0, r1, r2;
+  GroupPos p0 = r0.collective(), p1 = r1.collective(), p2 = r2.collective();
+  EXPECT_TRUE(p0 == p1 && p1 == p2);
   for (int i = 0; i < 2; ++i) {
-    r0 = nextGroup(r0, false);
-    r2 = nextGroup(r2, false);
-    EXPECT_TRUE(r0 == r2) << "the two in the exchange match each other";
-    EXPECT_TRUE(r1 < r0) << "and come after the collective before";
+    p0 = r0.exchange({0, 2});
+    p2 = r2.exchange({2, 0});
+    EXPECT_TRUE(p0 == p2) << "the two in the exchange match each other";
+    EXPECT_TRUE(p1 < p0) << "and come after the collective before";
   }
-  r0 = nextGroup(r0, true);
-  r1 = nextGroup(r1, true);
-  r2 = nextGroup(r2, true);
-  EXPECT_TRUE(r0 == r1 && r1 == r2) << "the next collective matches on all three";
-  EXPECT_EQ(r0.coll, 2u);
-  EXPECT_EQ(r0.sub, 0u);
+  p0 = r0.collective();
+  p1 = r1.collective();
+  p2 = r2.collective();
+  EXPECT_TRUE(p0 == p1 && p1 == p2) << "the next collective matches on all three";
+  EXPECT_EQ(p0.coll, 2u);
+  EXPECT_EQ(p0.sub, 0u);
+  EXPECT_EQ(p0.set, 0u);
+}
+
+TEST(StreamEntries, ExchangesMatchOnlyTheSameRanksExchange) {
+  // A chain: rank 0 sends to 1; rank 1 receives from 0, then sends to 2 (two calls); rank 2
+  // receives from 1. Counting each rank's exchanges, rank 2's only exchange matched rank 1's
+  // first (with rank 0): rank 2 then waited for an event of another exchange, and rank 1's
+  // second exchange had no partner.
+  GroupCounter r0, r1, r2;
+  const GroupPos a0 = r0.exchange({0, 1});
+  const GroupPos a1 = r1.exchange({1, 0});
+  const GroupPos b1 = r1.exchange({1, 2});
+  const GroupPos b2 = r2.exchange({2, 1});
+  EXPECT_TRUE(a0 == a1);
+  EXPECT_TRUE(b1 == b2);
+  EXPECT_FALSE(a1 == b1);
+  EXPECT_FALSE(a0 == b2);
+  // A fan-out: rank 0 sends to 1, then to 2, in two calls; a second round of each.
+  GroupCounter f0, f1, f2;
+  for (int round = 1; round <= 2; ++round) {
+    const GroupPos x0 = f0.exchange({0, 1}), y0 = f0.exchange({2, 0, 2});
+    const GroupPos x1 = f1.exchange({1, 0}), y2 = f2.exchange({0, 2});
+    EXPECT_TRUE(x0 == x1) << "round " << round;
+    EXPECT_TRUE(y0 == y2) << "round " << round;
+    EXPECT_FALSE(x0 == y0);
+    EXPECT_EQ(x0.sub, uint64_t(round));
+  }
+}
+
+TEST(StreamEntries, UnclaimedExchangeEntriesGoOnceAllSiblingsReachTheNextCollective) {
+  // Ranks 0 and 1 on one GPU, a stream each, exchange 100 times (each leads its own entry,
+  // which nobody claims), then all-reduce.
+  Entries t(8192, [](int) {});
+  GroupCounter c0, c1;
+  for (int i = 0; i < 100; ++i) {
+    const GroupPos p0 = c0.exchange({0, 1}), p1 = c1.exchange({1, 0});
+    t.entered(7, 0, 0, 2, p0);
+    join(t, {7, 0, A, p0}, i);
+    t.entered(7, 0, 1, 2, p1);
+    join(t, {7, 0, B, p1}, i);
+  }
+  EXPECT_EQ(t.size(), 200u) << "a later exchange says nothing of an earlier one's partners";
+  const GroupPos p0 = c0.collective(), p1 = c1.collective();
+  t.entered(7, 0, 0, 2, p0);
+  EXPECT_EQ(t.size(), 200u) << "rank 1 may still need one";
+  t.entered(7, 0, 1, 2, p1);
+  EXPECT_EQ(t.size(), 0u);
 }
 
 TEST(StreamEntries, AFollowerWaitsUntilTheFirstRecordedAndLaunched) {
