@@ -133,31 +133,48 @@ Status DeviceEngine::cudaCheck(const char* what, int err) const {
 
 Status DeviceEngine::init() {
   if (ready_) return Status::Ok();
-  cudaStream_t s;
-  TUTTI_TRY(
-      cudaCheck("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)));
-  stream_ = s;
-  cudaEvent_t e;
-  TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
-  entry_ = e;
-  TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
-  done_ = e;
+  // Each resource once: a call after a failed one goes on where that one stopped (the
+  // destructor frees what was made).
+  if (!stream_) {
+    cudaStream_t s;
+    TUTTI_TRY(cudaCheck("cudaStreamCreateWithFlags",
+                        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)));
+    stream_ = s;
+  }
+  auto s = static_cast<cudaStream_t>(stream_);
+  for (void** ev : {&entry_, &done_}) {
+    if (*ev) continue;
+    cudaEvent_t e;
+    TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
+    *ev = e;
+  }
   void* p = nullptr;
-  TUTTI_TRY(cudaCheck("cudaHostAlloc", cudaHostAlloc(&p, 64, cudaHostAllocMapped)));
-  abortHost_ = static_cast<uint32_t*>(p);
-  *abortHost_ = 0;
   void* d = nullptr;
-  TUTTI_TRY(cudaCheck("cudaHostGetDevicePointer", cudaHostGetDevicePointer(&d, p, 0)));
-  abortDev_ = static_cast<const uint32_t*>(d);
-  TUTTI_TRY(
-      cudaCheck("cudaHostAlloc", cudaHostAlloc(&p, sizeof(dev::DevError), cudaHostAllocMapped)));
-  memset(p, 0, sizeof(dev::DevError));
-  errHost_.store(static_cast<dev::DevError*>(p), std::memory_order_release);
-  TUTTI_TRY(cudaCheck("cudaHostGetDevicePointer", cudaHostGetDevicePointer(&d, p, 0)));
-  errDev_ = static_cast<dev::DevError*>(d);
-  TUTTI_TRY(cudaCheck("cudaMalloc", cudaMalloc(&p, 64)));
-  errClaim_ = static_cast<uint32_t*>(p);
-  TUTTI_TRY(cudaCheck("cudaMemsetAsync", cudaMemsetAsync(p, 0, 64, s)));
+  if (!abortHost_) {
+    TUTTI_TRY(cudaCheck("cudaHostAlloc", cudaHostAlloc(&p, 64, cudaHostAllocMapped)));
+    abortHost_ = static_cast<uint32_t*>(p);
+    *abortHost_ = 0;
+  }
+  if (!abortDev_) {
+    TUTTI_TRY(cudaCheck("cudaHostGetDevicePointer", cudaHostGetDevicePointer(&d, abortHost_, 0)));
+    abortDev_ = static_cast<const uint32_t*>(d);
+  }
+  if (!errHost_.load()) {
+    TUTTI_TRY(
+        cudaCheck("cudaHostAlloc", cudaHostAlloc(&p, sizeof(dev::DevError), cudaHostAllocMapped)));
+    memset(p, 0, sizeof(dev::DevError));
+    errHost_.store(static_cast<dev::DevError*>(p), std::memory_order_release);
+  }
+  if (!errDev_) {
+    TUTTI_TRY(
+        cudaCheck("cudaHostGetDevicePointer", cudaHostGetDevicePointer(&d, errHost_.load(), 0)));
+    errDev_ = static_cast<dev::DevError*>(d);
+  }
+  if (!errClaim_) {
+    TUTTI_TRY(cudaCheck("cudaMalloc", cudaMalloc(&p, 64)));
+    errClaim_ = static_cast<uint32_t*>(p);
+  }
+  TUTTI_TRY(cudaCheck("cudaMemsetAsync", cudaMemsetAsync(errClaim_, 0, 64, s)));
   TUTTI_TRY(cudaCheck("cudaStreamSynchronize", cudaStreamSynchronize(s)));
   comm_.setDeviceAbortWord(abortHost_);
   if (comm_.aborted()) __atomic_store_n(abortHost_, 1u, __ATOMIC_RELEASE);  // before the above
@@ -173,7 +190,7 @@ Status DeviceEngine::init() {
                            " needed");
     }
   }
-  links_ = std::make_unique<Links>(comm_, Links::Kind::kDevice);
+  if (!links_) links_ = std::make_unique<Links>(comm_, Links::Kind::kDevice);
   if (siblings_ > 0) {
     const char* q = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     const int queues = q ? atoi(q) : 8;
