@@ -264,6 +264,14 @@ class P2pTransport : public Transport {
     if (p2pDisabled_) return false;
     if (strcmp(peer(r).busId, me().busId) == 0) return true;
     const int other = deviceOfBus(peer(r).busId);
+    if (other < 0 && !warnedInvisible_) {
+      warnedInvisible_ = true;  // once per communicator: every peer's GPU is alike, as a rule
+      TUTTI_WARN(
+          "rank %d: rank %d's GPU (bus id %s) is not visible in this process "
+          "(CUDA_VISIBLE_DEVICES?), so their links go through mapped host memory, slower than "
+          "GPU memory; let each process see the GPUs of the ranks on its host",
+          comm_.rank(), r, peer(r).busId);
+    }
     int ok = 0;
     if (other < 0 || cudaDeviceCanAccessPeer(&ok, comm_.cudaDev(), other) != cudaSuccess) {
       cudaGetLastError();
@@ -320,6 +328,7 @@ class P2pTransport : public Transport {
 
   Comm& comm_;
   bool p2pDisabled_;
+  mutable bool warnedInvisible_ = false;
   size_t llSlotBytes_;
 };
 
