@@ -4,14 +4,15 @@
 // instead of the stream. Every call of every sibling joins one, so the lookup is a hash.
 //
 // Thread-safe, and nothing is queued on a stream under its lock (only events are made and
-// destroyed there): the first sibling records its event after join() returns (a record can
+// destroyed there). The first sibling records its event after join() returns (a record can
 // block while the stream's queue is full, and that queue drains only once the other siblings
-// launch), then says so (recorded); a follower waits for that before it waits for the event. When the first launches on the shared stream itself, a
-// follower's join back to that stream must come after the first's kernels (else the stream
-// holds the follower's join, which waits for the follower's kernel, which waits for the
-// first's kernel queued behind the join): the follower waits for launched() first.
-// Unclaimed entries (siblings with a stream each never claim) go once every sibling on the
-// GPU has passed their group. Plain C++ over any event type, so that CI tests it without a GPU.
+// launch), then says so (recorded); a follower waits for that before it waits for the event.
+// When the first launches on the shared stream itself, a follower's join back to that stream
+// must come after the first's kernels (else the stream holds the follower's join, which waits
+// for the follower's kernel, which waits for the first's kernel queued behind the join): the
+// follower waits for launched() first. Unclaimed entries (siblings with a stream each never
+// claim) go once every sibling on the GPU has reached a later collective group. Plain C++
+// over any event type, so that CI tests it without a GPU.
 #pragma once
 
 #include <algorithm>
