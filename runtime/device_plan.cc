@@ -62,7 +62,10 @@ dev::DevConn devConn(const transport::FifoView* f) {
   c.tail = ctrlWord(f->ctrl, offsetof(transport::FifoCtrl, tail));
   c.head = ctrlWord(f->ctrl, offsetof(transport::FifoCtrl, head));
   c.step = f->ownStep;
-  c.broken = reinterpret_cast<uint32_t*>(ctrlWord(f->ctrl, offsetof(transport::FifoCtrl, broken)));
+  c.broken =
+      f->broken
+          ? f->broken
+          : reinterpret_cast<uint32_t*>(ctrlWord(f->ctrl, offsetof(transport::FifoCtrl, broken)));
   c.sizes = ctrlWord(f->ctrl, offsetof(transport::FifoCtrl, sizes));
   c.slots = f->slots;
   c.slotBytes = f->slotBytes;

@@ -152,6 +152,9 @@ struct FifoView {
   size_t llSlotBytes = 0;
   uint64_t* ownStep = nullptr;  // sender: its step, in its own GPU memory (dev::DevConn::step)
   bool gpuScope = false;        // both ends on one GPU in one process (dev::DevConn::gpuScope)
+  // p2p, both ends in one process: the broken word, in mapped host memory (device address),
+  // instead of ctrl->broken.
+  uint32_t* broken = nullptr;
   // Host FIFOs with cells (shm): kSteps cells of cellBytes after the slots, one per size word.
   // A payload that fits one goes there, and such steps may run kSteps ahead (window). None:
   // every payload in a slot, kSlots steps in flight (tcp, whose sender's head counts what went

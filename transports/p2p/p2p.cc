@@ -9,6 +9,9 @@
 //                   host memory, so kernels on both GPUs reach it over PCIe (NCCL's "shm"
 //                   path for GPU buffers).
 // Host code never dereferences a FIFO of this transport: FifoView holds device addresses.
+// Where both ends are in one process, the word that says a side gave up (FifoCtrl::broken
+// otherwise) is in mapped host memory: abort sets it with a store, not with a copy on a stream,
+// which could queue behind a sibling rank's kernel that waits for that very word.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -19,6 +22,8 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "runtime/comm.h"
 #include "runtime/env.h"
@@ -30,11 +35,57 @@ namespace {
 
 enum Mode : int32_t { kDevice = 1, kMapped = 2 };
 
+// Broken words of same-process links: one per FIFO, shared by its two ends (both connections
+// of this process), freed when the last of them goes.
+class BrokenWords {
+ public:
+  // A new word, zero, with one holder (the receiver); nullptr if none could be had.
+  static uint32_t* make(cudaError_t* err) {
+    void* p = nullptr;
+    *err = cudaHostAlloc(&p, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable);
+    if (*err != cudaSuccess) return nullptr;
+    auto* w = static_cast<uint32_t*>(p);
+    __atomic_store_n(w, 0u, __ATOMIC_RELEASE);
+    std::lock_guard<std::mutex> lock(mu());
+    refs()[w] = 1;
+    return w;
+  }
+  // The sender holds it too; false if the receiver let it go already.
+  static bool hold(uint32_t* w) {
+    std::lock_guard<std::mutex> lock(mu());
+    auto it = refs().find(w);
+    if (it == refs().end()) return false;
+    ++it->second;
+    return true;
+  }
+  static void drop(uint32_t* w) {
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      auto it = refs().find(w);
+      if (it == refs().end() || --it->second > 0) return;
+      refs().erase(it);
+    }
+    cudaFreeHost(w);
+  }
+
+ private:
+  // Never destroyed: a communicator may be destroyed during exit, after function statics.
+  static std::mutex& mu() {
+    static auto* m = new std::mutex;
+    return *m;
+  }
+  static std::map<uint32_t*, int>& refs() {
+    static auto* r = new std::map<uint32_t*, int>;
+    return *r;
+  }
+};
+
 struct P2pDesc {
   uint64_t bytes;
   uint64_t slotBytes;
   uint64_t llSlotBytes;
-  uint64_t devPtr;  // device mode, same process
+  uint64_t devPtr;     // device mode, same process
+  uint64_t brokenPtr;  // device mode, same process: the broken word (BrokenWords)
   int32_t mode;
   int32_t pad;
   cudaIpcMemHandle_t ipc;  // device mode, other processes
@@ -69,6 +120,8 @@ class P2pConnection : public Connection {
     size_t bytes;
     bool gpuScope;  // device mode, both ends on one GPU in one process
     std::string shmName;
+    uint32_t* broken;     // device mode, same process: the broken word (host address; held)
+    uint32_t* brokenDev;  // and its device address
   };
   P2pConnection(const ConnSpec& spec, size_t llSlotBytes, Memory m) : m_(std::move(m)) {
     layDeviceFifo(m_.dev, spec.slotBytes, llSlotBytes, &fifo_);
@@ -77,8 +130,10 @@ class P2pConnection : public Connection {
     fifo_.conn = this;
     fifo_.ownStep = m_.ownStep;
     fifo_.gpuScope = m_.gpuScope;
+    fifo_.broken = m_.brokenDev;
   }
   ~P2pConnection() override {
+    if (m_.broken) BrokenWords::drop(m_.broken);
     if (m_.ownStep) cudaFree(m_.ownStep);
     if (m_.mode == kDevice) {
       if (m_.ipcOpened) cudaIpcCloseMemHandle(m_.dev);
@@ -93,6 +148,10 @@ class P2pConnection : public Connection {
   Status health() const override { return Status::Ok(); }
   // Tell the peer's kernels this side is gone: they poll FifoCtrl::broken while they wait.
   void breakLink() override {
+    if (m_.broken) {
+      __atomic_store_n(m_.broken, 1u, __ATOMIC_RELEASE);
+      return;
+    }
     if (m_.mode == kMapped) {
       static_cast<FifoCtrl*>(m_.host)->broken.store(1);
       return;
@@ -155,6 +214,18 @@ class P2pTransport : public Transport {
           cudaFree(p);
           return cudaFailed("cudaIpcGetMemHandle", e);
         }
+      } else {
+        cudaError_t e = cudaSuccess;
+        m.broken = BrokenWords::make(&e);
+        void* bd = nullptr;
+        if (m.broken) e = cudaHostGetDevicePointer(&bd, m.broken, 0);
+        if (e != cudaSuccess) {
+          if (m.broken) BrokenWords::drop(m.broken);
+          cudaFree(p);
+          return cudaFailed("a mapped word for the FIFO's broken flag", e);
+        }
+        m.brokenDev = static_cast<uint32_t*>(bd);
+        d.brokenPtr = reinterpret_cast<uint64_t>(m.broken);
       }
     } else {
       static std::atomic<uint32_t> counter{0};
@@ -201,6 +272,20 @@ class P2pTransport : public Transport {
     if (d.mode == kDevice) {
       if (sameProcess(spec.peer)) {
         TUTTI_TRY(enablePeerAccess(spec.peer));
+        auto* w = reinterpret_cast<uint32_t*>(d.brokenPtr);
+        if (!w || !BrokenWords::hold(w)) {
+          return internalError("p2p: rank " + std::to_string(spec.peer) +
+                               "'s FIFO came without its broken word, or was freed");
+        }
+        m.broken = w;  // from here on m holds it: the dropped connection below gives it back
+        void* bd = nullptr;
+        if (cudaError_t e = cudaHostGetDevicePointer(&bd, w, 0); e != cudaSuccess) {
+          BrokenWords::drop(w);
+          return cudaFailed(
+              "cudaHostGetDevicePointer of rank " + std::to_string(spec.peer) + "'s broken word",
+              e);
+        }
+        m.brokenDev = static_cast<uint32_t*>(bd);
         m.dev = reinterpret_cast<char*>(d.devPtr);
         m.gpuScope = sameGpu(spec.peer);
       } else {
