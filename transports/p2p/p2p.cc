@@ -146,7 +146,8 @@ class P2pConnection : public Connection {
     cudaGetLastError();
   }
   Status health() const override { return Status::Ok(); }
-  // Tell the peer's kernels this side is gone: they poll FifoCtrl::broken while they wait.
+  // Tell the peer's kernels this side is gone: they poll the broken word while they wait
+  // (FifoCtrl::broken, or the mapped word of a link within this process).
   void breakLink() override {
     if (m_.broken) {
       __atomic_store_n(m_.broken, 1u, __ATOMIC_RELEASE);
