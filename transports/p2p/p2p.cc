@@ -11,8 +11,7 @@
 // Host code never dereferences a FIFO of this transport: FifoView holds device addresses.
 // Where both ends are in one process, the word that says a side gave up (FifoCtrl::broken
 // otherwise) is in mapped host memory: abort sets it with a store, not with a copy on a stream,
-// which could queue behind a sibling rank's kernel that waits for that very word. Both ends
-// hold the FIFO and that word (Shared): the last to go frees them.
+// which could queue behind a sibling rank's kernel that waits for that very word.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -36,70 +35,48 @@ namespace {
 
 enum Mode : int32_t { kDevice = 1, kMapped = 2 };
 
-// Memory both ends of a same-process link use -- the FIFO (GPU memory) and its broken word
-// (mapped host memory) -- freed when the last of its two connections goes: a rank destroyed
-// or aborted before its peer leaves the peer's later kernels a FIFO that is still there (and
-// marked broken), not freed memory, whose touch would end the peer's whole CUDA context.
-class Shared {
+// Broken words of same-process links: one per FIFO, shared by its two ends (both connections
+// of this process), freed when the last of them goes.
+class BrokenWords {
  public:
-  // p, just made by this rank (GPU memory of `device`, or host memory), with one holder.
-  static void add(void* p, int device, bool host) {
-    std::lock_guard<std::mutex> lock(mu());
-    table()[p] = Entry{1, device, host};
-  }
-  // The other end holds it too; false if it is gone already.
-  static bool hold(void* p) {
-    std::lock_guard<std::mutex> lock(mu());
-    auto it = table().find(p);
-    if (it == table().end()) return false;
-    ++it->second.refs;
-    return true;
-  }
-  static void drop(void* p) {
-    Entry e;
-    {
-      std::lock_guard<std::mutex> lock(mu());
-      auto it = table().find(p);
-      if (it == table().end() || --it->second.refs > 0) return;
-      e = it->second;
-      table().erase(it);
-    }
-    if (e.host) {
-      cudaFreeHost(p);
-      return;
-    }
-    int cur = -1;
-    if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
-    if (cur != e.device) cudaSetDevice(e.device);  // the peer's connection may be the last
-    cudaFree(p);
-    if (cur >= 0 && cur != e.device) cudaSetDevice(cur);
-    cudaGetLastError();
-  }
-  // A new broken word, zero, with one holder; nullptr if none could be had.
-  static uint32_t* makeWord(cudaError_t* err) {
+  // A new word, zero, with one holder (the receiver); nullptr if none could be had.
+  static uint32_t* make(cudaError_t* err) {
     void* p = nullptr;
     *err = cudaHostAlloc(&p, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable);
     if (*err != cudaSuccess) return nullptr;
     auto* w = static_cast<uint32_t*>(p);
     __atomic_store_n(w, 0u, __ATOMIC_RELEASE);
-    add(w, -1, true);
+    std::lock_guard<std::mutex> lock(mu());
+    refs()[w] = 1;
     return w;
+  }
+  // The sender holds it too; false if the receiver let it go already.
+  static bool hold(uint32_t* w) {
+    std::lock_guard<std::mutex> lock(mu());
+    auto it = refs().find(w);
+    if (it == refs().end()) return false;
+    ++it->second;
+    return true;
+  }
+  static void drop(uint32_t* w) {
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      auto it = refs().find(w);
+      if (it == refs().end() || --it->second > 0) return;
+      refs().erase(it);
+    }
+    cudaFreeHost(w);
   }
 
  private:
-  struct Entry {
-    int refs = 0;
-    int device = -1;
-    bool host = false;
-  };
   // Never destroyed: a communicator may be destroyed during exit, after function statics.
   static std::mutex& mu() {
     static auto* m = new std::mutex;
     return *m;
   }
-  static std::map<void*, Entry>& table() {
-    static auto* t = new std::map<void*, Entry>;
-    return *t;
+  static std::map<uint32_t*, int>& refs() {
+    static auto* r = new std::map<uint32_t*, int>;
+    return *r;
   }
 };
 
@@ -108,7 +85,7 @@ struct P2pDesc {
   uint64_t slotBytes;
   uint64_t llSlotBytes;
   uint64_t devPtr;     // device mode, same process
-  uint64_t brokenPtr;  // device mode, same process: the broken word (Shared)
+  uint64_t brokenPtr;  // device mode, same process: the broken word (BrokenWords)
   int32_t mode;
   int32_t pad;
   cudaIpcMemHandle_t ipc;  // device mode, other processes
@@ -136,7 +113,6 @@ class P2pConnection : public Connection {
   struct Memory {
     Mode mode;
     bool owner;         // the receiver: allocated it
-    bool shared;        // device mode, same process: the FIFO is in Shared (both ends hold it)
     bool ipcOpened;     // sender in another process: opened the handle
     char* dev;          // the device address of the FIFO
     uint64_t* ownStep;  // sender: its step word, in its own GPU memory
@@ -157,15 +133,11 @@ class P2pConnection : public Connection {
     fifo_.broken = m_.brokenDev;
   }
   ~P2pConnection() override {
-    if (m_.broken) Shared::drop(m_.broken);
+    if (m_.broken) BrokenWords::drop(m_.broken);
     if (m_.ownStep) cudaFree(m_.ownStep);
     if (m_.mode == kDevice) {
       if (m_.ipcOpened) cudaIpcCloseMemHandle(m_.dev);
-      if (m_.shared) {
-        Shared::drop(m_.dev);
-      } else if (m_.owner) {
-        cudaFree(m_.dev);
-      }
+      if (m_.owner) cudaFree(m_.dev);
     } else {
       cudaHostUnregister(m_.host);
       munmap(m_.host, m_.bytes);
@@ -245,18 +217,16 @@ class P2pTransport : public Transport {
         }
       } else {
         cudaError_t e = cudaSuccess;
-        m.broken = Shared::makeWord(&e);
+        m.broken = BrokenWords::make(&e);
         void* bd = nullptr;
         if (m.broken) e = cudaHostGetDevicePointer(&bd, m.broken, 0);
         if (e != cudaSuccess) {
-          if (m.broken) Shared::drop(m.broken);
+          if (m.broken) BrokenWords::drop(m.broken);
           cudaFree(p);
           return cudaFailed("a mapped word for the FIFO's broken flag", e);
         }
         m.brokenDev = static_cast<uint32_t*>(bd);
         d.brokenPtr = reinterpret_cast<uint64_t>(m.broken);
-        Shared::add(p, comm_.cudaDev(), false);  // the sender holds it too (connectSend)
-        m.shared = true;
       }
     } else {
       static std::atomic<uint32_t> counter{0};
@@ -304,23 +274,14 @@ class P2pTransport : public Transport {
       if (sameProcess(spec.peer)) {
         TUTTI_TRY(enablePeerAccess(spec.peer));
         auto* w = reinterpret_cast<uint32_t*>(d.brokenPtr);
-        auto* fifo = reinterpret_cast<void*>(d.devPtr);
-        if (!w || !Shared::hold(fifo)) {
+        if (!w || !BrokenWords::hold(w)) {
           return internalError("p2p: rank " + std::to_string(spec.peer) +
                                "'s FIFO came without its broken word, or was freed");
         }
-        if (!Shared::hold(w)) {
-          Shared::drop(fifo);
-          return internalError("p2p: rank " + std::to_string(spec.peer) +
-                               "'s FIFO broken word was freed");
-        }
-        // From here on m holds both: the dropped connection below gives them back.
-        m.broken = w;
-        m.shared = true;
+        m.broken = w;  // from here on m holds it: the dropped connection below gives it back
         void* bd = nullptr;
         if (cudaError_t e = cudaHostGetDevicePointer(&bd, w, 0); e != cudaSuccess) {
-          Shared::drop(w);
-          Shared::drop(fifo);
+          BrokenWords::drop(w);
           return cudaFailed(
               "cudaHostGetDevicePointer of rank " + std::to_string(spec.peer) + "'s broken word",
               e);
