@@ -24,6 +24,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "runtime/comm.h"
 #include "runtime/env.h"
@@ -36,17 +37,26 @@ namespace {
 enum Mode : int32_t { kDevice = 1, kMapped = 2 };
 
 // Broken words of same-process links: one per FIFO, shared by its two ends (both connections
-// of this process), freed when the last of them goes.
+// of this process). A word goes back to a pool when the last of them goes, never to CUDA: a
+// free waits for the GPU, and the last holder may be the peer's thread while a kernel on that
+// GPU waits for that very thread. The pool grows by pinned pages of 64 words.
 class BrokenWords {
  public:
-  // A new word, zero, with one holder (the receiver); nullptr if none could be had.
+  // A word, zero, with one holder (the receiver); nullptr (and *err) if none could be had.
   static uint32_t* make(cudaError_t* err) {
-    void* p = nullptr;
-    *err = cudaHostAlloc(&p, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable);
-    if (*err != cudaSuccess) return nullptr;
-    auto* w = static_cast<uint32_t*>(p);
-    __atomic_store_n(w, 0u, __ATOMIC_RELEASE);
     std::lock_guard<std::mutex> lock(mu());
+    std::vector<uint32_t*>& free = pool();
+    if (free.empty()) {
+      void* p = nullptr;
+      *err = cudaHostAlloc(&p, kPage, cudaHostAllocMapped | cudaHostAllocPortable);
+      if (*err != cudaSuccess) return nullptr;
+      for (size_t off = kPage; off >= kStride; off -= kStride) {  // lowest address first out
+        free.push_back(reinterpret_cast<uint32_t*>(static_cast<char*>(p) + off - kStride));
+      }
+    }
+    uint32_t* w = free.back();
+    free.pop_back();
+    __atomic_store_n(w, 0u, __ATOMIC_RELEASE);
     refs()[w] = 1;
     return w;
   }
@@ -59,16 +69,16 @@ class BrokenWords {
     return true;
   }
   static void drop(uint32_t* w) {
-    {
-      std::lock_guard<std::mutex> lock(mu());
-      auto it = refs().find(w);
-      if (it == refs().end() || --it->second > 0) return;
-      refs().erase(it);
-    }
-    cudaFreeHost(w);
+    std::lock_guard<std::mutex> lock(mu());
+    auto it = refs().find(w);
+    if (it == refs().end() || --it->second > 0) return;
+    refs().erase(it);
+    pool().push_back(w);
   }
 
  private:
+  static constexpr size_t kPage = 4096;
+  static constexpr size_t kStride = 64;  // a word per cache line
   // Never destroyed: a communicator may be destroyed during exit, after function statics.
   static std::mutex& mu() {
     static auto* m = new std::mutex;
@@ -77,6 +87,10 @@ class BrokenWords {
   static std::map<uint32_t*, int>& refs() {
     static auto* r = new std::map<uint32_t*, int>;
     return *r;
+  }
+  static std::vector<uint32_t*>& pool() {
+    static auto* v = new std::vector<uint32_t*>;
+    return *v;
   }
 };
 
