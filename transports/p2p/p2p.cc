@@ -43,22 +43,27 @@ enum Mode : int32_t { kDevice = 1, kMapped = 2 };
 class BrokenWords {
  public:
   // A word, zero, with one holder (the receiver); nullptr (and *err) if none could be had.
+  // A new page is made outside the lock (CUDA calls may wait; a drop must not).
   static uint32_t* make(cudaError_t* err) {
-    std::lock_guard<std::mutex> lock(mu());
-    std::vector<uint32_t*>& free = pool();
-    if (free.empty()) {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu());
+        if (!pool().empty()) {
+          uint32_t* w = pool().back();
+          pool().pop_back();
+          __atomic_store_n(w, 0u, __ATOMIC_RELEASE);
+          refs()[w] = 1;
+          return w;
+        }
+      }
       void* p = nullptr;
       *err = cudaHostAlloc(&p, kPage, cudaHostAllocMapped | cudaHostAllocPortable);
       if (*err != cudaSuccess) return nullptr;
+      std::lock_guard<std::mutex> lock(mu());
       for (size_t off = kPage; off >= kStride; off -= kStride) {  // lowest address first out
-        free.push_back(reinterpret_cast<uint32_t*>(static_cast<char*>(p) + off - kStride));
+        pool().push_back(reinterpret_cast<uint32_t*>(static_cast<char*>(p) + off - kStride));
       }
     }
-    uint32_t* w = free.back();
-    free.pop_back();
-    __atomic_store_n(w, 0u, __ATOMIC_RELEASE);
-    refs()[w] = 1;
-    return w;
   }
   // The sender holds it too; false if the receiver let it go already.
   static bool hold(uint32_t* w) {
