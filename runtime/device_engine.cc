@@ -319,20 +319,21 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
       connect(cfg, ops, nops).withContext("rank " + std::to_string(r) + ": connecting GPU links"));
   // The group's place in the sequence, alike on the siblings that take part (GroupPos), and
   // how many siblings take part: all for a collective, the peers of sends and receives.
-  bool collective = false;
-  std::vector<int> ranks{r};
-  for (size_t i = 0; i < nops; ++i) {
-    const bool p2p = ops[i].kind == CollKind::kSend || ops[i].kind == CollKind::kRecv;
-    collective |= !p2p;
-    if (p2p && isSibling_[size_t(ops[i].root)]) ranks.push_back(ops[i].root);
-  }
-  if (collective) {
+  auto p2p = [](const CollArgs& op) {
+    return op.kind == CollKind::kSend || op.kind == CollKind::kRecv;
+  };
+  if (!std::all_of(ops, ops + nops, p2p)) {
     groupPos_ = groups_.collective();
     groupSiblings_ = siblings_;
   } else {
-    groupPos_ = groups_.exchange(ranks);
-    std::sort(ranks.begin(), ranks.end());
-    groupSiblings_ = int(std::unique(ranks.begin(), ranks.end()) - ranks.begin()) - 1;
+    std::vector<int> ranks{r};  // this rank and its sibling peers, each once
+    for (size_t i = 0; i < nops; ++i) {
+      const int peer = ops[i].root;
+      if (isSibling_[size_t(peer)] && std::find(ranks.begin(), ranks.end(), peer) == ranks.end())
+        ranks.push_back(peer);
+    }
+    groupSiblings_ = int(ranks.size()) - 1;
+    groupPos_ = groups_.exchange(std::move(ranks));
   }
   auto link = [this](int peer, int channel, bool send) -> const transport::FifoView* {
     return send ? links_->send(peer, channel) : links_->recv(peer, channel);
@@ -462,13 +463,14 @@ Status DeviceEngine::waitFirst(const Entries::Ref& e, bool launch) {
   auto stop = [this] { return comm_.aborted(); };
   const Wait w =
       launch ? gShared.waitLaunched(e, timeoutS_, stop) : gShared.waitRecorded(e, timeoutS_, stop);
+  if (w == Wait::kReady) return Status::Ok();  // every operation of a follower: no message
   const std::string what = "rank " + std::to_string(comm_.rank()) + " (GPU " +
                            std::to_string(comm_.cudaDev()) + ") waited for rank " +
                            std::to_string(e->firstRank) + ", which shares its stream, to " +
                            (launch ? "queue its kernels" : "record its entry event");
   switch (w) {
     case Wait::kReady:
-      return Status::Ok();
+      break;
     case Wait::kFailed:
       return remoteError(what + ": rank " + std::to_string(e->firstRank) +
                          " failed to record it (its own error says why)");

@@ -56,7 +56,7 @@ class GroupCounter {
  public:
   GroupPos collective() {
     p2p_.clear();
-    return last_ = GroupPos{last_.coll + 1, 0, 0};
+    return GroupPos{++coll_, 0, 0};
   }
   // Sends and receives among `ranks` (this rank and its sibling peers in the group, any order,
   // repeats allowed).
@@ -66,11 +66,11 @@ class GroupCounter {
     uint64_t h = 0xcbf29ce484222325ull;
     for (int r : ranks) h = (h ^ uint64_t(uint32_t(r))) * 0x100000001b3ull;
     h |= 1;  // never 0, a collective's
-    return last_ = GroupPos{last_.coll, ++p2p_[ranks], h};
+    return GroupPos{coll_, ++p2p_[ranks], h};
   }
 
  private:
-  GroupPos last_;
+  uint64_t coll_ = 0;                         // collective groups so far
   std::map<std::vector<int>, uint64_t> p2p_;  // each set's exchanges since the collective
 };
 

@@ -39,62 +39,78 @@ enum Mode : int32_t { kDevice = 1, kMapped = 2 };
 // Broken words of same-process links: one per FIFO, shared by its two ends (both connections
 // of this process). A word goes back to a pool when the last of them goes, never to CUDA: a
 // free waits for the GPU, and the last holder may be the peer's thread while a kernel on that
-// GPU waits for that very thread. The pool grows by pinned pages of 64 words.
+// GPU waits for that very thread. The pool grows by pinned pages of 64 words; a word's device
+// address (the same for every GPU: the page is portable) is looked up once, with its page.
 class BrokenWords {
  public:
-  // A word, zero, with one holder (the receiver); nullptr (and *err) if none could be had.
-  // A new page is made outside the lock (CUDA calls may wait; a drop must not).
-  static uint32_t* make(cudaError_t* err) {
+  struct Word {
+    uint32_t* host = nullptr;
+    uint32_t* dev = nullptr;
+  };
+  // A word, zero, with one holder (the receiver); host nullptr (and *err) if none could be
+  // had. A new page is made outside the lock (CUDA calls may wait; a drop must not).
+  static Word make(cudaError_t* err) {
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mu());
         if (!pool().empty()) {
-          uint32_t* w = pool().back();
+          const Word w = pool().back();
           pool().pop_back();
-          __atomic_store_n(w, 0u, __ATOMIC_RELEASE);
-          refs()[w] = 1;
+          __atomic_store_n(w.host, 0u, __ATOMIC_RELEASE);
+          held()[w.host] = Held{1, w.dev};
           return w;
         }
       }
       void* p = nullptr;
+      void* d = nullptr;
       *err = cudaHostAlloc(&p, kPage, cudaHostAllocMapped | cudaHostAllocPortable);
-      if (*err != cudaSuccess) return nullptr;
+      if (*err != cudaSuccess) return {};
+      *err = cudaHostGetDevicePointer(&d, p, 0);
+      if (*err != cudaSuccess) {
+        cudaFreeHost(p);
+        return {};
+      }
       std::lock_guard<std::mutex> lock(mu());
       for (size_t off = kPage; off >= kStride; off -= kStride) {  // lowest address first out
-        pool().push_back(reinterpret_cast<uint32_t*>(static_cast<char*>(p) + off - kStride));
+        pool().push_back(Word{reinterpret_cast<uint32_t*>(static_cast<char*>(p) + off - kStride),
+                              reinterpret_cast<uint32_t*>(static_cast<char*>(d) + off - kStride)});
       }
     }
   }
-  // The sender holds it too; false if the receiver let it go already.
-  static bool hold(uint32_t* w) {
+  // The sender holds it too; host nullptr if the receiver let it go already.
+  static Word hold(uint32_t* host) {
     std::lock_guard<std::mutex> lock(mu());
-    auto it = refs().find(w);
-    if (it == refs().end()) return false;
-    ++it->second;
-    return true;
+    auto it = held().find(host);
+    if (it == held().end()) return {};
+    ++it->second.refs;
+    return Word{host, it->second.dev};
   }
-  static void drop(uint32_t* w) {
+  static void drop(uint32_t* host) {
     std::lock_guard<std::mutex> lock(mu());
-    auto it = refs().find(w);
-    if (it == refs().end() || --it->second > 0) return;
-    refs().erase(it);
-    pool().push_back(w);
+    auto it = held().find(host);
+    if (it == held().end() || --it->second.refs > 0) return;
+    pool().push_back(Word{host, it->second.dev});
+    held().erase(it);
   }
 
  private:
   static constexpr size_t kPage = 4096;
   static constexpr size_t kStride = 64;  // a word per cache line
+  struct Held {
+    int refs;
+    uint32_t* dev;
+  };
   // Never destroyed: a communicator may be destroyed during exit, after function statics.
   static std::mutex& mu() {
     static auto* m = new std::mutex;
     return *m;
   }
-  static std::map<uint32_t*, int>& refs() {
-    static auto* r = new std::map<uint32_t*, int>;
-    return *r;
+  static std::map<uint32_t*, Held>& held() {
+    static auto* h = new std::map<uint32_t*, Held>;
+    return *h;
   }
-  static std::vector<uint32_t*>& pool() {
-    static auto* v = new std::vector<uint32_t*>;
+  static std::vector<Word>& pool() {
+    static auto* v = new std::vector<Word>;
     return *v;
   }
 };
@@ -236,16 +252,14 @@ class P2pTransport : public Transport {
         }
       } else {
         cudaError_t e = cudaSuccess;
-        m.broken = BrokenWords::make(&e);
-        void* bd = nullptr;
-        if (m.broken) e = cudaHostGetDevicePointer(&bd, m.broken, 0);
-        if (e != cudaSuccess) {
-          if (m.broken) BrokenWords::drop(m.broken);
+        const BrokenWords::Word w = BrokenWords::make(&e);
+        if (!w.host) {
           cudaFree(p);
           return cudaFailed("a mapped word for the FIFO's broken flag", e);
         }
-        m.brokenDev = static_cast<uint32_t*>(bd);
-        d.brokenPtr = reinterpret_cast<uint64_t>(m.broken);
+        m.broken = w.host;
+        m.brokenDev = w.dev;
+        d.brokenPtr = reinterpret_cast<uint64_t>(w.host);
       }
     } else {
       static std::atomic<uint32_t> counter{0};
@@ -292,20 +306,13 @@ class P2pTransport : public Transport {
     if (d.mode == kDevice) {
       if (sameProcess(spec.peer)) {
         TUTTI_TRY(enablePeerAccess(spec.peer));
-        auto* w = reinterpret_cast<uint32_t*>(d.brokenPtr);
-        if (!w || !BrokenWords::hold(w)) {
+        const BrokenWords::Word w = BrokenWords::hold(reinterpret_cast<uint32_t*>(d.brokenPtr));
+        if (!w.host) {
           return internalError("p2p: rank " + std::to_string(spec.peer) +
                                "'s FIFO came without its broken word, or was freed");
         }
-        m.broken = w;  // from here on m holds it: the dropped connection below gives it back
-        void* bd = nullptr;
-        if (cudaError_t e = cudaHostGetDevicePointer(&bd, w, 0); e != cudaSuccess) {
-          BrokenWords::drop(w);
-          return cudaFailed(
-              "cudaHostGetDevicePointer of rank " + std::to_string(spec.peer) + "'s broken word",
-              e);
-        }
-        m.brokenDev = static_cast<uint32_t*>(bd);
+        m.broken = w.host;  // from here on m holds it: the dropped connection below gives it back
+        m.brokenDev = w.dev;
         m.dev = reinterpret_cast<char*>(d.devPtr);
         m.gpuScope = sameGpu(spec.peer);
       } else {
