@@ -315,8 +315,10 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   cfg.channelBytes = channelBytes_;
   cfg.proto = proto_;
   cfg.connectAllChannels = true;
-  TUTTI_TRY(
-      connect(cfg, ops, nops).withContext("rank " + std::to_string(r) + ": connecting GPU links"));
+  // The context string is built only on failure: this runs for every device operation.
+  if (Status st = connect(cfg, ops, nops); !st.ok()) {
+    return st.withContext("rank " + std::to_string(r) + ": connecting GPU links");
+  }
   // The group's place in the sequence, alike on the siblings that take part (GroupPos), and
   // how many siblings take part: all for a collective, the peers of sends and receives.
   auto p2p = [](const CollArgs& op) {
