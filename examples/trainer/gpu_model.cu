@@ -131,13 +131,16 @@ class CudaModel : public GpuModel {
   ~CudaModel() override {
     // After a failure a collective of this rank may still be in flight, waiting for peers that
     // gave up: waiting here could take until TUTTI_TIMEOUT, and freeing its buffers is unsafe.
-    // The memory is left to the process's exit (the caller aborts the communicator).
-    if (failed_) return;
+    // The memory is left to the process's exit (the caller aborts the communicator). Before
+    // the first collective (a failed set-up) everything is freed.
+    if (failed_ && collectiveIssued_) return;
     if (cs_) cudaStreamSynchronize(cs_);
     if (ms_) cudaStreamSynchronize(ms_);
     if (blas_) cublasDestroy(blas_);
-    for (cudaEvent_t e : {layerDone_, commDone_, backwardEnd_, commStart_, staged_})
+    for (cudaEvent_t e : {layerDone_, commDone_, backwardEnd_, staged_})
       if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : bucketStart_) cudaEventDestroy(e);
+    for (cudaEvent_t e : bucketEnd_) cudaEventDestroy(e);
     for (void* p : {(void*)params_, (void*)grads_, (void*)mom_, (void*)wire_, (void*)x_, (void*)y_,
                     (void*)sums_, (void*)delta_, (void*)deltaNext_})
       if (p) cudaFree(p);
@@ -152,8 +155,9 @@ class CudaModel : public GpuModel {
   }
 
   bool init(ncclComm_t comm, const std::vector<Layer>& layers, int max_batch, int train_batch,
-            std::vector<Bucket> buckets, ncclDataType_t wire, std::string* error) {
+            std::vector<Bucket> buckets, ncclDataType_t wire, bool overlap, std::string* error) {
     comm_ = comm;
+    overlap_ = overlap;
     layers_ = layers;
     maxBatch_ = max_batch;
     buckets_ = std::move(buckets);
@@ -190,8 +194,16 @@ class CudaModel : public GpuModel {
       if (good) good = ok(cudaMalloc(&a, size_t(max_batch) * l.out * 4), "cudaMalloc", error);
       if (a) act_.push_back(a);
     }
-    for (cudaEvent_t* e : {&backwardEnd_, &commStart_, &commDone_}) {
+    for (cudaEvent_t* e : {&backwardEnd_, &commDone_}) {
       if (good) good = ok(cudaEventCreate(e), "cudaEventCreate", error);
+    }
+    // Each bucket's all-reduce is timed from when its layers are done to its end.
+    for (size_t b = 0; good && b < buckets_.size(); ++b) {
+      cudaEvent_t start = nullptr, end = nullptr;
+      good = ok(cudaEventCreate(&start), "cudaEventCreate", error);
+      if (good) bucketStart_.push_back(start);
+      if (good) good = ok(cudaEventCreate(&end), "cudaEventCreate", error);
+      if (good) bucketEnd_.push_back(end);
     }
     for (cudaEvent_t* e : {&layerDone_, &staged_}) {
       if (good) good = ok(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEvent", error);
@@ -225,6 +237,7 @@ class CudaModel : public GpuModel {
   }
 
   bool broadcast(bool momentum, std::string* error) override {
+    collectiveIssued_ = true;
     ncclResult_t rc = ncclBroadcast(params_, params_, n_, ncclFloat32, 0, comm_, cs_);
     if (rc == ncclSuccess && momentum)
       rc = ncclBroadcast(mom_, mom_, n_, ncclFloat32, 0, comm_, cs_);
@@ -245,6 +258,12 @@ class CudaModel : public GpuModel {
 
   bool update(float lr, float momentum, float weight_decay, bool started,
               std::string* error) override {
+    // The step waits for the last all-reduce on the host, not with a wait queued on the
+    // compute stream: a stream that waits for a collective could share a hardware queue with
+    // a sibling rank's communication stream and hold back the launch that collective needs.
+    // (The step ends with a synchronisation anyway.)
+    if (pendingTimes_ && !ok(cudaEventSynchronize(commDone_), "the gradient all-reduces", error))
+      return false;
     sgd<<<blocksFor(n_), kThreads, 0, cs_>>>(params_, grads_, mom_, n_, lr, momentum, weight_decay,
                                              started ? 1 : 0);
     if (!ok(cudaGetLastError(), "the SGD kernel", error)) return false;
@@ -252,9 +271,15 @@ class CudaModel : public GpuModel {
     if (!collectivesOk("the gradient all-reduces", error)) return false;
     if (pendingTimes_) {
       pendingTimes_ = false;
-      float comm = 0, exposed = 0;
-      if (cudaEventElapsedTime(&comm, commStart_, commDone_) != cudaSuccess ||
-          cudaEventElapsedTime(&exposed, backwardEnd_, commDone_) != cudaSuccess) {
+      double comm = 0;
+      float t = 0, exposed = 0;
+      bool timed = true;
+      for (size_t b = 0; b < bucketStart_.size(); ++b) {
+        timed = timed && cudaEventElapsedTime(&t, bucketStart_[b], bucketEnd_[b]) == cudaSuccess;
+        comm += t;
+      }
+      timed = timed && cudaEventElapsedTime(&exposed, backwardEnd_, commDone_) == cudaSuccess;
+      if (!timed) {
         cudaGetLastError();  // timings only: not an error of the step
         comm = exposed = 0;
       }
@@ -408,8 +433,9 @@ class CudaModel : public GpuModel {
                                                                         grads_ + L.bias);
       // Layer l's gradients are queued: every bucket whose layers are all done goes to the
       // communication stream now, before the delta for the layer below.
-      while (last && nextBucket < buckets_.size() && buckets_[nextBucket].first_layer == l) {
-        if (!startBucket(buckets_[nextBucket], nextBucket == 0, error)) return false;
+      while (last && overlap_ && nextBucket < buckets_.size() &&
+             buckets_[nextBucket].first_layer == l) {
+        if (!startBucket(nextBucket, error)) return false;
         ++nextBucket;
       }
       if (l > 0) {
@@ -425,20 +451,23 @@ class CudaModel : public GpuModel {
     }
     if (!ok(cudaGetLastError(), "the backward kernels", error)) return false;
     if (!last) return true;
-    // The optimizer step (on the compute stream) waits for the last all-reduce.
-    if (!ok(cudaEventRecord(backwardEnd_, cs_), "cudaEventRecord", error) ||
-        !ok(cudaEventRecord(commDone_, ms_), "cudaEventRecord", error) ||
-        !ok(cudaStreamWaitEvent(cs_, commDone_, 0), "cudaStreamWaitEvent", error))
-      return false;
+    if (!ok(cudaEventRecord(backwardEnd_, cs_), "cudaEventRecord", error)) return false;
+    // --overlap off: every bucket after the whole backward pass.
+    for (; nextBucket < buckets_.size(); ++nextBucket) {
+      if (!startBucket(nextBucket, error)) return false;
+    }
+    // update() waits for this on the host before the optimizer step.
+    if (!ok(cudaEventRecord(commDone_, ms_), "cudaEventRecord", error)) return false;
     pendingTimes_ = true;
     return true;
   }
 
-  bool startBucket(const Bucket& b, bool firstOfStep, std::string* error) {
+  bool startBucket(size_t index, std::string* error) {
+    const Bucket& b = buckets_[index];
+    collectiveIssued_ = true;
     if (!ok(cudaEventRecord(layerDone_, cs_), "cudaEventRecord", error) ||
-        !ok(cudaStreamWaitEvent(ms_, layerDone_, 0), "cudaStreamWaitEvent", error))
-      return false;
-    if (firstOfStep && !ok(cudaEventRecord(commStart_, ms_), "cudaEventRecord", error))
+        !ok(cudaStreamWaitEvent(ms_, layerDone_, 0), "cudaStreamWaitEvent", error) ||
+        !ok(cudaEventRecord(bucketStart_[index], ms_), "cudaEventRecord", error))
       return false;
     float* g = grads_ + b.offset;
     ncclResult_t rc;
@@ -451,7 +480,8 @@ class CudaModel : public GpuModel {
       rc = ncclAllReduce(g, g, b.count, ncclFloat32, ncclAvg, comm_, ms_);
     }
     if (rc != ncclSuccess) return nccl(rc, "ncclAllReduce of a gradient bucket", error);
-    return ok(cudaGetLastError(), "the bf16 conversion kernels", error);
+    return ok(cudaGetLastError(), "the bf16 conversion kernels", error) &&
+           ok(cudaEventRecord(bucketEnd_[index], ms_), "cudaEventRecord", error);
   }
 
   ncclComm_t comm_ = nullptr;
@@ -474,10 +504,12 @@ class CudaModel : public GpuModel {
   uint8_t* hostY_ = nullptr;
   double* hostSums_ = nullptr;
   float* hostState_ = nullptr;  // parameters or momentum on their way up or down
-  cudaEvent_t layerDone_ = nullptr, backwardEnd_ = nullptr, commStart_ = nullptr,
-              commDone_ = nullptr, staged_ = nullptr;
+  cudaEvent_t layerDone_ = nullptr, backwardEnd_ = nullptr, commDone_ = nullptr, staged_ = nullptr;
+  std::vector<cudaEvent_t> bucketStart_, bucketEnd_;  // per bucket: its all-reduce's span
+  bool overlap_ = true;  // buckets start during backward (else after it: --overlap off)
   bool pendingTimes_ = false;
-  bool failed_ = false;  // a call failed: the destructor leaves everything as it is
+  bool failed_ = false;            // a call failed ...
+  bool collectiveIssued_ = false;  // ... after a collective: the destructor leaves everything
   double comm_s_ = 0, exposed_s_ = 0;
 };
 
@@ -486,9 +518,9 @@ class CudaModel : public GpuModel {
 std::unique_ptr<GpuModel> GpuModel::create(ncclComm_t comm, const std::vector<Layer>& layers,
                                            int max_batch, int train_batch,
                                            std::vector<Bucket> buckets, ncclDataType_t wire,
-                                           std::string* error) {
+                                           bool overlap, std::string* error) {
   auto m = std::make_unique<CudaModel>();
-  if (!m->init(comm, layers, max_batch, train_batch, std::move(buckets), wire, error))
+  if (!m->init(comm, layers, max_batch, train_batch, std::move(buckets), wire, overlap, error))
     return nullptr;
   return m;
 }

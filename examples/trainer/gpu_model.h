@@ -28,11 +28,12 @@ class GpuModel {
  public:
   // On the communicator's GPU (ncclCommCuDevice). null with *error set when that fails.
   // max_batch: the most samples a batch may have; train_batch: the training micro-batch (the
-  // kernels for its shapes are loaded up front, see gpu_model.cu).
+  // kernels for its shapes are loaded up front, see gpu_model.cu). overlap: each bucket's
+  // all-reduce starts as soon as backward is done with its layers; else after all of backward.
   static std::unique_ptr<GpuModel> create(ncclComm_t comm, const std::vector<Layer>& layers,
                                           int max_batch, int train_batch,
                                           std::vector<Bucket> buckets, ncclDataType_t wire,
-                                          std::string* error);
+                                          bool overlap, std::string* error);
   virtual ~GpuModel() = default;
 
   // Host <-> device copies of the parameters and the momentum buffer (momentum may be null:

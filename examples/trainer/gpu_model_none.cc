@@ -12,7 +12,7 @@ bool selectGpu(int, std::string* error) {
 }
 
 std::unique_ptr<GpuModel> GpuModel::create(ncclComm_t, const std::vector<Layer>&, int, int,
-                                           std::vector<Bucket>, ncclDataType_t,
+                                           std::vector<Bucket>, ncclDataType_t, bool,
                                            std::string* error) {
   *error =
       "--device cuda: this tutti-train was built without CUDA and cuBLAS (configure with the "

@@ -3,7 +3,9 @@
 //   tutti-train --threads 4                        (4 ranks as threads of one process)
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 
 #include "examples/trainer/gpu_model.h"
@@ -32,6 +34,10 @@ int localRanks() {
 // than two cores per rank it competes with the backward pass it is meant to hide behind.
 void chooseOverlap(trainer::Options* o, int local_ranks) {
   if (!o->overlap_auto) return;
+  if (o->device == "cuda") {  // the overlap costs no core there: a stream, not a thread
+    o->overlap = true;
+    return;
+  }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   o->overlap = cores >= 2L * local_ranks;
   o->overlap_why = "--overlap auto: " + std::to_string(local_ranks) + " local rank" +
@@ -71,21 +77,40 @@ int runThreads(trainer::Options o) {
   }
   std::vector<trainer::TrainResult> results(static_cast<size_t>(n));
   std::vector<std::thread> threads;
+  // A rank that fails where the others cannot hear of it (a CUDA or cuBLAS error in mid-step)
+  // leaves them waiting for it inside a collective until TUTTI_TIMEOUT. So the first failure
+  // aborts every communicator at once: their calls return, the ranks stop, as they would if
+  // the failed rank were a process that exited.
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;
+  bool failed = false;
   if (loaded) {
     for (int r = 0; r < n; ++r) {
-      threads.emplace_back(
-          [&, r] { results[size_t(r)] = trainer::train(comms[size_t(r)], o, &data); });
+      threads.emplace_back([&, r] {
+        trainer::TrainResult res = trainer::train(comms[size_t(r)], o, &data);
+        std::lock_guard<std::mutex> lock(mu);
+        failed = failed || !res.ok;
+        results[size_t(r)] = std::move(res);
+        ++finished;
+        cv.notify_all();
+      });
+    }
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return finished == n || failed; });
+    }
+    if (failed) {
+      for (ncclComm_t c : comms) ncclCommAbort(c);  // safe beside the ranks' own calls
     }
     for (auto& t : threads) t.join();
   }
   int rc = loaded ? 0 : 1;
   for (int r = 0; r < n; ++r) {
     if (loaded && report(results[size_t(r)])) rc = 1;
-    if (rc) {
-      ncclCommAbort(comms[size_t(r)]);
-    } else {
-      ncclCommDestroy(comms[size_t(r)]);
-    }
+  }
+  if (!failed) {
+    for (ncclComm_t c : comms) rc ? ncclCommAbort(c) : ncclCommDestroy(c);
   }
   return rc;
 }

@@ -28,7 +28,8 @@ const char* usage() {
          "  --bucket-kb N        gradient bucket size in KiB (256)\n"
          "  --overlap on|off|auto  all-reduce gradient buckets during backward on a\n"
          "                       communication thread (on), or after it (off); auto: on when\n"
-         "                       this machine has 2 cores per local rank (auto)\n"
+         "                       this machine has 2 cores per local rank, and always\n"
+         "                       with --device cuda (a stream, not a thread) (auto)\n"
          "  --no-overlap         the same as --overlap off\n"
          "  --threads N          run N ranks as threads of this process\n"
          "  --data DIR           IDX files (/usr/share/datasets/fashion-mnist)\n";

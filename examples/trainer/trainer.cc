@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "examples/trainer/checkpoint.h"
@@ -150,7 +152,8 @@ bool Run::setUp(const Dataset* data) {
                                      o_.grad_dtype, o_.overlap);
   if (o_.device == "cuda") {
     gpu_ = GpuModel::create(comm_, model_->layers(), std::max(micro_, 1000), micro_,
-                            makeBuckets(model_->layers(), o_.bucket_bytes), o_.grad_dtype, &err);
+                            makeBuckets(model_->layers(), o_.bucket_bytes), o_.grad_dtype,
+                            o_.overlap, &err);
     ok = gpu_ != nullptr;
     if (!ok) res_.error = "rank " + std::to_string(rank_) + ": " + err;
     if (!allOk(comm_, ok, &err)) return ok ? fail(err) : false;
@@ -227,6 +230,17 @@ void Run::gatherMicroBatch(const std::vector<int>& perm, int64_t index_in_epoch,
 
 // One optimizer step: k micro-batches of this rank's shard, gradient averaging, SGD update.
 bool Run::step(const std::vector<int>& perm, int64_t index_in_epoch, double* loss, int64_t* right) {
+  // A test hook: TUTTI_TRAINER_FAIL_AT=R:S makes rank R fail alone at step S, before its
+  // gradients are all-reduced, as a CUDA error in mid-step would (the others are left waiting
+  // for it; tutti-train must stop them).
+  if (const char* f = getenv("TUTTI_TRAINER_FAIL_AT")) {
+    int r = -1;
+    long long s = -1;
+    if (sscanf(f, "%d:%lld", &r, &s) == 2 && r == rank_ && s == step_) {
+      return fail("rank " + std::to_string(rank_) + ": failed at step " + std::to_string(s) +
+                  " as TUTTI_TRAINER_FAIL_AT asked");
+    }
+  }
   if (gpu_) return stepGpu(perm, index_in_epoch);
   std::fill(grads_.begin(), grads_.end(), 0.0f);
   const float scale = 1.0f / float(micro_ * o_.accum);  // mean over this rank's samples
@@ -378,7 +392,7 @@ TrainResult Run::go(const Dataset* data) {
       o_.batch, nranks_, nranks_ > 1 ? "s" : "", micro_, o_.accum, o_.accum > 1 ? "s" : "",
       (long long)steps_per_epoch_, o_.lr, o_.momentum, o_.weight_decay,
       o_.grad_dtype == ncclBfloat16 ? "bf16" : "fp32",
-      gpu_ || o_.overlap ? ", overlapping backward" : ", after backward",
+      o_.overlap ? ", overlapping backward" : ", after backward",
       gpu_                     ? "; on a communication stream of the GPU"
       : o_.overlap_why.empty() ? ""
                                : ("; " + o_.overlap_why).c_str());

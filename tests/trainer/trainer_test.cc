@@ -3,6 +3,7 @@
 #include "examples/trainer/trainer.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <zlib.h>
 
 #include <cmath>
@@ -149,18 +150,25 @@ TEST(Trainer, AccumulationOfKStepsEqualsOneStepOfKTimesTheBatch) {
   EXPECT_LT(relativeDiff(whole[0].params, single[0].params, init), kRelTol);
 }
 
-TEST(Trainer, OverlappedBucketsGiveTheSameBitsAsAllReduceAfterBackward) {
-  // A bucket all-reduced before its layers' gradients were final would change the result.
-  Options o = quiet();
-  o.max_steps = 8;
+// Three ranks, one gradient bucket per layer (the most overlap): buckets all-reduced while
+// backward goes on give the bits of buckets all-reduced after it.
+void expectOverlapGivesTheSameBits(Options o) {
   o.batch = 96;
-  o.bucket_bytes = 1;  // one bucket per layer: the most overlap
+  o.bucket_bytes = 1;
+  o.overlap = true;
   std::vector<TrainResult> overlapped = runRanks(3, o);
   o.overlap = false;
   std::vector<TrainResult> after = runRanks(3, o);
   expectAllOk(overlapped);
   expectAllOk(after);
   EXPECT_EQ(overlapped[0].params, after[0].params);
+}
+
+TEST(Trainer, OverlappedBucketsGiveTheSameBitsAsAllReduceAfterBackward) {
+  // A bucket all-reduced before its layers' gradients were final would change the result.
+  Options o = quiet();
+  o.max_steps = 8;
+  expectOverlapGivesTheSameBits(o);
 }
 
 TEST(Trainer, ResumeContinuesTheExactTrajectory) {
@@ -460,6 +468,14 @@ TEST_P(TrainerGpuRanks, NRanksWithBatchBEqualOneRankWithBatchNB) {
 
 INSTANTIATE_TEST_SUITE_P(Trainer, TrainerGpuRanks, ::testing::Values(2, 4));
 
+// As on the CPU: buckets all-reduced on the communication stream while backward goes on give
+// the bits of buckets all-reduced after it (a bucket started before its layers' gradients were
+// final, or an optimizer step before the last all-reduce, would not).
+TEST(TrainerGpu, OverlappedBucketsGiveTheSameBitsAsAllReduceAfterBackward) {
+  SKIP_WITHOUT_TRAINER_GPU();
+  expectOverlapGivesTheSameBits(onGpu());
+}
+
 TEST(TrainerGpu, AccumulationBf16AndResumeOnTheGpu) {
   SKIP_WITHOUT_TRAINER_GPU();
   Options o = onGpu();
@@ -498,15 +514,25 @@ TEST(TrainerGpu, AccumulationBf16AndResumeOnTheGpu) {
   std::remove(ck.c_str());
 }
 
-TEST(TrainerProcesses, LearnsUnderTuttiRun) {
-  std::string cmd = std::string(TUTTI_RUN_BIN) + " -n 2 " + TUTTI_TRAIN_BIN +
-                    " --epochs 2 --train-limit 8000 --test-limit 2000 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
+// Runs a shell command; its output (stdout and stderr) and its wait status.
+std::string runCommand(const std::string& cmd, int* status) {
   std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) {
+    *status = -1;
+    return "popen failed";
+  }
   char buf[4096];
   while (fgets(buf, sizeof buf, p)) out += buf;
-  int status = pclose(p);
+  *status = pclose(p);
+  return out;
+}
+
+TEST(TrainerProcesses, LearnsUnderTuttiRun) {
+  int status = 0;
+  const std::string out = runCommand(std::string(TUTTI_RUN_BIN) + " -n 2 " + TUTTI_TRAIN_BIN +
+                                         " --epochs 2 --train-limit 8000 --test-limit 2000",
+                                     &status);
   ASSERT_EQ(status, 0) << out;
   std::regex line(
       R"(\[rank 0\] epoch (\d)/2 .* train loss ([0-9.]+) .* test loss [0-9.]+ acc ([0-9.]+)%)");
@@ -519,6 +545,23 @@ TEST(TrainerProcesses, LearnsUnderTuttiRun) {
   EXPECT_LT(loss[1], loss[0]) << out;
   EXPECT_GT(acc[1], 70.0) << out;  // chance is 10%
   EXPECT_EQ(out.find("[rank 1] epoch"), std::string::npos) << "only rank 0 reports";
+}
+
+// A rank that fails alone in mid-step (TUTTI_TRAINER_FAIL_AT; on the GPU, a CUDA error) must
+// not leave the other threads waiting for it until TUTTI_TIMEOUT (600 s here, beyond this
+// test's limit): tutti-train aborts every communicator at the first failure.
+TEST(TrainerThreads, ARankThatFailsAloneStopsTheOthers) {
+  int status = 0;
+  const std::string out =
+      runCommand(std::string("TUTTI_TIMEOUT=600 TUTTI_TRAINER_FAIL_AT=2:3 ") + TUTTI_TRAIN_BIN +
+                     " --threads 4 --epochs 1 --train-limit 4000 --test-limit 500",
+                 &status);
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  EXPECT_NE(out.find("tutti-train: rank 2: failed at step 3 as TUTTI_TRAINER_FAIL_AT asked"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("epoch 1/1"), std::string::npos) << "the epoch cannot have ended\n" << out;
 }
 
 }  // namespace
