@@ -105,7 +105,8 @@ DeviceEngine::~DeviceEngine() {
   if (stream_) {
     // The FIFOs and the mapped words must outlive every kernel that uses them.
     DeviceGuard guard(comm_.cudaDev());
-    if (comm_.aborted()) breakLinks();  // peers' kernels stop before anything is freed
+    const bool aborted = comm_.aborted();
+    if (aborted) breakLinks();  // peers' kernels stop before anything is freed
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
     for (auto& [st, ev] : directDone_) {
       cudaEventSynchronize(static_cast<cudaEvent_t>(ev));
@@ -115,9 +116,15 @@ DeviceEngine::~DeviceEngine() {
     cudaEventDestroy(static_cast<cudaEvent_t>(entry_));
     cudaEventDestroy(static_cast<cudaEvent_t>(done_));
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
-    cudaFreeHost(abortHost_);
-    cudaFreeHost(errHost_.load());
-    cudaFree(errClaim_);
+    // An abort frees no memory: cudaFree and cudaFreeHost may wait for the whole GPU, where
+    // another communicator's kernel may wait for this very thread (a watchdog aborting one
+    // communicator after another). The words, like the broken links' FIFOs (p2p.cc), are left
+    // to the process's exit: a few pages per abort.
+    if (!aborted) {
+      cudaFreeHost(abortHost_);
+      cudaFreeHost(errHost_.load());
+      cudaFree(errClaim_);
+    }
     links_.reset();  // FIFOs and IPC handles: on this GPU too
     cudaGetLastError();
   }

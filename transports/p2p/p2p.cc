@@ -9,9 +9,12 @@
 //                   host memory, so kernels on both GPUs reach it over PCIe (NCCL's "shm"
 //                   path for GPU buffers).
 // Host code never dereferences a FIFO of this transport: FifoView holds device addresses.
-// Where both ends are in one process, the word that says a side gave up (FifoCtrl::broken
-// otherwise) is in mapped host memory: abort sets it with a store, not with a copy on a stream,
-// which could queue behind a sibling rank's kernel that waits for that very word.
+// The word that says a side gave up is in host memory both ends' kernels reach (FifoCtrl::broken
+// of a mapped FIFO; for a FIFO in GPU memory, a word of a pooled pinned page where both ends are
+// in one process, else a page of POSIX shared memory both register as mapped): abort sets it
+// with a store, never with a copy on a stream, which could queue behind a kernel that waits for
+// that very word. A link that was broken (abort, a failed kernel or launch) leaves its memory to
+// the process's exit: the peer's kernel may still touch it, and a free may wait for the GPU.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -155,10 +158,13 @@ class P2pConnection : public Connection {
     size_t bytes;
     bool gpuScope;  // device mode, both ends on one GPU in one process
     std::string shmName;
-    uint32_t* broken;     // device mode, same process: the broken word (host address; held)
-    uint32_t* brokenDev;  // and its device address
+    uint32_t* broken;      // device mode, same process: the broken word (host address; held)
+    uint32_t* brokenPage;  // device mode, other processes: this process's mapping of the page
+                           // that holds the broken word (registered; the receiver named it)
+    uint32_t* brokenDev;   // the device address of either
   };
-  P2pConnection(const ConnSpec& spec, size_t llSlotBytes, Memory m) : m_(std::move(m)) {
+  P2pConnection(const ConnSpec& spec, size_t llSlotBytes, Memory m)
+      : m_(std::move(m)), peer_(spec.peer) {
     layDeviceFifo(m_.dev, spec.slotBytes, llSlotBytes, &fifo_);
     fifo_.peer = spec.peer;
     fifo_.channel = spec.channel;
@@ -168,7 +174,23 @@ class P2pConnection : public Connection {
     fifo_.broken = m_.brokenDev;
   }
   ~P2pConnection() override {
+    if (m_.owner && !m_.shmName.empty()) shm_unlink(m_.shmName.c_str());  // gone if both had it
+    if (broken_.load(std::memory_order_acquire)) {
+      // The peer's kernel may still read or write this FIFO and poll its broken word (it stops
+      // within its next checks), and cudaFree, cudaIpcCloseMemHandle and cudaHostUnregister
+      // may wait for the whole GPU, where another communicator's kernel may wait for this very
+      // thread. So a broken link's memory stays until the process exits.
+      TUTTI_INFO(log::kInit,
+                 "p2p: a broken link to rank %d leaves its %zu-byte FIFO%s to the "
+                 "process's exit",
+                 peer_, size_t(m_.bytes), m_.owner ? "" : " mapping");
+      return;
+    }
     if (m_.broken) BrokenWords::drop(m_.broken);
+    if (m_.brokenPage) {
+      cudaHostUnregister(m_.brokenPage);
+      munmap(m_.brokenPage, kBrokenPageBytes);
+    }
     if (m_.ownStep) cudaFree(m_.ownStep);
     if (m_.mode == kDevice) {
       if (m_.ipcOpened) cudaIpcCloseMemHandle(m_.dev);
@@ -176,35 +198,28 @@ class P2pConnection : public Connection {
     } else {
       cudaHostUnregister(m_.host);
       munmap(m_.host, m_.bytes);
-      if (m_.owner) shm_unlink(m_.shmName.c_str());
     }
     cudaGetLastError();
   }
   Status health() const override { return Status::Ok(); }
-  // Tell the peer's kernels this side is gone: they poll the broken word while they wait
-  // (FifoCtrl::broken, or the mapped word of a link within this process).
+  // Tell the peer's kernels this side is gone: they poll the broken word while they wait. A
+  // host store in every mode, no CUDA call (see the top of this file).
   void breakLink() override {
-    if (m_.broken) {
-      __atomic_store_n(m_.broken, 1u, __ATOMIC_RELEASE);
-      return;
-    }
-    if (m_.mode == kMapped) {
+    broken_.store(true, std::memory_order_release);
+    uint32_t* w = m_.broken ? m_.broken : m_.brokenPage;
+    if (w) {
+      __atomic_store_n(w, 1u, __ATOMIC_RELEASE);
+    } else if (m_.mode == kMapped) {
       static_cast<FifoCtrl*>(m_.host)->broken.store(1);
-      return;
     }
-    // GPU memory: set from a stream of its own, which runs beside the kernels it stops.
-    cudaStream_t s;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess) {
-      cudaMemsetAsync(m_.dev + offsetof(FifoCtrl, broken), 1, sizeof(uint32_t), s);
-      cudaStreamSynchronize(s);
-      cudaStreamDestroy(s);
-    }
-    cudaGetLastError();
   }
   const char* transportName() const override { return m_.mode == kDevice ? "p2p" : "shm/mapped"; }
+  static constexpr size_t kBrokenPageBytes = 4096;
 
  private:
   Memory m_;
+  int peer_;
+  std::atomic<bool> broken_{false};  // breakLink ran: the destructor frees nothing
 };
 
 class P2pTransport : public Transport {
@@ -250,6 +265,24 @@ class P2pTransport : public Transport {
           cudaFree(p);
           return cudaFailed("cudaIpcGetMemHandle", e);
         }
+        nameSegment("gpub", d.shmName, sizeof(d.shmName));
+        Result<int> fd = createSegment(d.shmName, P2pConnection::kBrokenPageBytes);
+        if (!fd.ok()) {
+          cudaFree(p);
+          return fd.status();
+        }
+        void* page = nullptr;
+        char* dev = nullptr;
+        Status mapped = mapRegistered(fd.value(), P2pConnection::kBrokenPageBytes, &page, &dev);
+        close(fd.value());
+        if (!mapped.ok()) {
+          shm_unlink(d.shmName);
+          cudaFree(p);
+          return mapped;
+        }
+        m.shmName = d.shmName;  // unlinked by the sender once it has it, else by the destructor
+        m.brokenPage = static_cast<uint32_t*>(page);  // zero: a new segment
+        m.brokenDev = reinterpret_cast<uint32_t*>(dev);
       } else {
         cudaError_t e = cudaSuccess;
         const BrokenWords::Word w = BrokenWords::make(&e);
@@ -262,25 +295,17 @@ class P2pTransport : public Transport {
         d.brokenPtr = reinterpret_cast<uint64_t>(w.host);
       }
     } else {
-      static std::atomic<uint32_t> counter{0};
       d.mode = m.mode = kMapped;
-      snprintf(d.shmName, sizeof(d.shmName), "/tutti-gpu-%d-%08x-%u", int(getpid()),
-               unsigned(comm_.commHash() & 0xffffffffu), counter.fetch_add(1));
+      nameSegment("gpu", d.shmName, sizeof(d.shmName));
+      Result<int> fd = createSegment(d.shmName, d.bytes);
+      if (!fd.ok()) return fd.status();
+      Status mapped = mapRegistered(fd.value(), d.bytes, &m.host, &m.dev);
+      close(fd.value());
+      if (!mapped.ok()) {
+        shm_unlink(d.shmName);
+        return mapped;
+      }
       m.shmName = d.shmName;
-      int fd = shm_open(d.shmName, O_CREAT | O_EXCL | O_RDWR, 0600);
-      if (fd < 0) return errnoStatus(std::string("p2p: shm_open ") + d.shmName, errno);
-      if (ftruncate(fd, off_t(d.bytes)) != 0) {
-        int err = errno;
-        close(fd);
-        shm_unlink(d.shmName);
-        return errnoStatus(std::string("p2p: cannot size ") + d.shmName, err);
-      }
-      Result<char*> dev = mapAndRegister(fd, &m);
-      close(fd);
-      if (!dev.ok()) {
-        shm_unlink(d.shmName);
-        return dev.status();
-      }
       memset(m.host, 0, sizeof(FifoCtrl));
     }
     memcpy(out->bytes, &d, sizeof(d));
@@ -326,16 +351,19 @@ class P2pTransport : public Transport {
         }
         m.dev = static_cast<char*>(p);
         m.ipcOpened = true;
+        void* page = nullptr;
+        char* dev = nullptr;
+        Status opened =
+            openSegment(spec.peer, d.shmName, P2pConnection::kBrokenPageBytes, &page, &dev);
+        if (!opened.ok()) {
+          cudaIpcCloseMemHandle(p);
+          return opened;
+        }
+        m.brokenPage = static_cast<uint32_t*>(page);
+        m.brokenDev = reinterpret_cast<uint32_t*>(dev);
       }
     } else if (d.mode == kMapped) {
-      int fd = shm_open(d.shmName, O_RDWR, 0);
-      if (fd < 0)
-        return errnoStatus("p2p: opening rank " + std::to_string(spec.peer) + "'s " + d.shmName,
-                           errno);
-      Result<char*> dev = mapAndRegister(fd, &m);
-      close(fd);
-      shm_unlink(d.shmName);  // both sides have it now
-      if (!dev.ok()) return dev.status();
+      TUTTI_TRY(openSegment(spec.peer, d.shmName, d.bytes, &m.host, &m.dev));
     } else {
       return internalError("p2p: rank " + std::to_string(spec.peer) +
                            " sent a descriptor of unknown mode " + std::to_string(d.mode));
@@ -405,25 +433,54 @@ class P2pTransport : public Transport {
     return Status::Ok();
   }
 
-  // Maps the segment and registers it with CUDA as mapped memory; fills m->host and m->dev.
-  static Result<char*> mapAndRegister(int fd, P2pConnection::Memory* m) {
-    void* p = mmap(nullptr, m->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // A name for a new segment of this process: /tutti-<what>-<pid>-<comm hash>-<counter>.
+  void nameSegment(const char* what, char* name, size_t size) const {
+    static std::atomic<uint32_t> counter{0};
+    snprintf(name, size, "/tutti-%s-%d-%08x-%u", what, int(getpid()),
+             unsigned(comm_.commHash() & 0xffffffffu), counter.fetch_add(1));
+  }
+  // Creates a POSIX shared-memory segment of `bytes` (zero) and returns its descriptor.
+  static Result<int> createSegment(const char* name, size_t bytes) {
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return errnoStatus(std::string("p2p: shm_open ") + name, errno);
+    if (ftruncate(fd, off_t(bytes)) != 0) {
+      int err = errno;
+      close(fd);
+      shm_unlink(name);
+      return errnoStatus(std::string("p2p: cannot size ") + name, err);
+    }
+    return fd;
+  }
+  // Opens the peer's segment, maps and registers it, and unlinks its name (both sides have it).
+  static Status openSegment(int peer, const char* name, size_t bytes, void** host, char** dev) {
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) {
+      return errnoStatus("p2p: opening rank " + std::to_string(peer) + "'s " + name, errno);
+    }
+    Status s = mapRegistered(fd, bytes, host, dev);
+    close(fd);
+    shm_unlink(name);
+    return s;
+  }
+  // Maps a segment and registers it with CUDA as mapped memory: its host and device addresses.
+  static Status mapRegistered(int fd, size_t bytes, void** host, char** dev) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return errnoStatus("p2p: mmap", errno);
     if (cudaError_t e =
-            cudaHostRegister(p, m->bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+            cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
         e != cudaSuccess) {
-      munmap(p, m->bytes);
-      return cudaFailed("cudaHostRegister of the shared FIFO", e);
+      munmap(p, bytes);
+      return cudaFailed("cudaHostRegister of shared memory", e);
     }
-    void* dev = nullptr;
-    if (cudaError_t e = cudaHostGetDevicePointer(&dev, p, 0); e != cudaSuccess) {
+    void* d = nullptr;
+    if (cudaError_t e = cudaHostGetDevicePointer(&d, p, 0); e != cudaSuccess) {
       cudaHostUnregister(p);
-      munmap(p, m->bytes);
+      munmap(p, bytes);
       return cudaFailed("cudaHostGetDevicePointer", e);
     }
-    m->host = p;
-    m->dev = static_cast<char*>(dev);
-    return m->dev;
+    *host = p;
+    *dev = static_cast<char*>(d);
+    return Status::Ok();
   }
 
   // Zeroes device memory and waits for it, on a stream of its own (cudaMemset may return
