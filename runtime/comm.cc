@@ -58,6 +58,15 @@ void Comm::breakLinks() {
   if (d) d->breakLinks();
 }
 
+void Comm::noteAbort() {
+  DeviceEngine* d;
+  {
+    std::lock_guard<std::mutex> lock(deviceMu_);
+    d = deviceEngine_.get();
+  }
+  if (d) d->noteAbort();
+}
+
 void Comm::waitUnpinned() const {
   while (calls_.load(std::memory_order_acquire) > 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));

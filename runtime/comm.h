@@ -105,6 +105,8 @@ class Comm {
   void pollDeviceErrors();
   // Tells every connected peer this rank has gone (abort); no-op before init finished.
   void breakLinks();
+  // As ncclCommAbort begins (DeviceEngine::noteAbort).
+  void noteAbort();
   uint64_t nextSeq() { return seq_.fetch_add(1); }
 
   // API calls in progress on this comm: it is freed only once they have all returned.

@@ -15,6 +15,8 @@
 #include "runtime/env.h"
 #include "runtime/links.h"
 #include "runtime/log.h"
+#include "runtime/peer_info.h"
+#include "runtime/peer_watch.h"
 #include "runtime/stream_entries.h"
 
 #ifdef TUTTI_HAVE_CUDA
@@ -102,10 +104,12 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
 }
 
 DeviceEngine::~DeviceEngine() {
+  if (watch_) peerwatch::remove(watch_);  // before the links go: the watch marks them
   if (stream_) {
     // The FIFOs and the mapped words must outlive every kernel that uses them.
     DeviceGuard guard(comm_.cudaDev());
     const bool aborted = comm_.aborted();
+    const bool keep = aborted && busyAtAbort_.load(std::memory_order_acquire);
     if (aborted) breakLinks();  // peers' kernels stop before anything is freed
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
     for (auto& [st, ev] : directDone_) {
@@ -116,11 +120,16 @@ DeviceEngine::~DeviceEngine() {
     cudaEventDestroy(static_cast<cudaEvent_t>(entry_));
     cudaEventDestroy(static_cast<cudaEvent_t>(done_));
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
-    // An abort frees no memory: cudaFree and cudaFreeHost may wait for the whole GPU, where
-    // another communicator's kernel may wait for this very thread (a watchdog aborting one
-    // communicator after another). The words, like the broken links' FIFOs (p2p.cc), are left
-    // to the process's exit: a few pages per abort.
-    if (!aborted) {
+    // An abort with work in flight frees no memory (see noteAbort): the words, like the links'
+    // FIFOs, are left to the process's exit.
+    if (keep) {
+      const size_t bytes = links_ ? links_->abandonAll() : 0;
+      TUTTI_WARN(
+          "rank %d: aborted with GPU work in flight or failed: %zu bytes of GPU memory (its "
+          "FIFOs) stay allocated until the process exits, since peers' kernels may still use "
+          "them",
+          comm_.rank(), bytes);
+    } else {
       cudaFreeHost(abortHost_);
       cudaFreeHost(errHost_.load());
       cudaFree(errClaim_);
@@ -129,6 +138,32 @@ DeviceEngine::~DeviceEngine() {
     cudaGetLastError();
   }
   links_.reset();
+}
+
+// As an abort begins, before the abort word stops the kernels: was device work of this
+// communicator in flight, or had a kernel failed? Then peers' kernels may still read and write
+// this rank's FIFOs (until they see the broken words), and a cudaFree may wait for the whole
+// GPU, where another communicator's kernel may wait for the aborting thread (a watchdog that
+// aborts one communicator after another). Such an abort frees nothing. The abort of an idle,
+// healthy communicator -- a framework's ordinary teardown -- frees everything, as destroy does.
+void DeviceEngine::noteAbort() {
+  bool busy = true;                                          // when in doubt, keep the memory
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);  // never wait for a launch here
+  if (lock.owns_lock()) {
+    busy = false;
+    if (ready_) {
+      DeviceGuard guard(comm_.cudaDev());
+      auto pending = [](void* ev) {
+        const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
+        if (e == cudaSuccess) return false;
+        if (e != cudaErrorNotReady) cudaGetLastError();
+        return true;
+      };
+      busy = !kernelError().ok() || pending(done_);
+      for (auto& [st, ev] : directDone_) busy = busy || pending(ev);
+    }
+  }
+  busyAtAbort_.store(busy, std::memory_order_release);
 }
 
 Status DeviceEngine::cudaCheck(const char* what, int err) const {
@@ -198,6 +233,7 @@ Status DeviceEngine::init() {
     }
   }
   if (!links_) links_ = std::make_unique<Links>(comm_, Links::Kind::kDevice);
+  if (!watch_) watchPeers();
   if (siblings_ > 0) {
     const char* q = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     const int queues = q ? atoi(q) : 8;
@@ -224,6 +260,32 @@ void DeviceEngine::breakLinks() {
   if (!links_) return;
   DeviceGuard guard(comm_.cudaDev());  // abort may come from a thread on another GPU
   links_->breakAll();
+}
+
+// A kernel that waits for a peer process cannot see it exit; the process-wide watch can. The
+// links to a peer that exited are marked broken, so this rank's kernels waiting on them stop
+// at once (kErrPeer) instead of at TUTTI_TIMEOUT; later operations fail the same way. A peer
+// that exits after the work it took part in (a job's ordinary end) leaves links marked that
+// nothing waits on; they are freed as usual (Connection::peerGone is not a failure of ours).
+void DeviceEngine::watchPeers() {
+  const PeerInfo& me = comm_.peers()[size_t(comm_.rank())];
+  std::vector<peerwatch::Peer> peers;
+  for (const PeerInfo& p : comm_.peers()) {
+    if (canWatchProcess(me, p)) peers.push_back({p.rank, p.pid});
+  }
+  if (peers.empty()) return;
+  Links* links = links_.get();
+  watch_ = peerwatch::add(std::move(peers), [this, links](const peerwatch::Peer& p) {
+    if (!links->peerGone(p.rank)) return false;  // being made: ask again
+    {
+      std::lock_guard<std::mutex> lock(exitedMu_);
+      exited_[p.rank] = p.pid;
+    }
+    TUTTI_INFO(log::kInit,
+               "rank %d: rank %d (pid %lld, this host) exited; GPU links to it are marked broken",
+               comm_.rank(), p.rank, static_cast<long long>(p.pid));
+    return true;
+  });
 }
 
 Status DeviceEngine::kernelError() const {
@@ -254,10 +316,17 @@ Status DeviceEngine::kernelError() const {
                           ": do all ranks call the same operations with the same count, "
                           "datatype and root?");
     }
-    case dev::kErrPeer:
+    case dev::kErrPeer: {
+      std::lock_guard<std::mutex> lock(exitedMu_);
+      auto gone = exited_.find(int(e->peer));
+      if (gone != exited_.end()) {
+        return remoteError(where + ": rank " + std::to_string(e->peer) + " (pid " +
+                           std::to_string(gone->second) + ", this host) exited");
+      }
       return remoteError(where + ": rank " + std::to_string(e->peer) +
                          "'s kernel gave up on their link (it failed or was aborted; its own "
                          "error says why)");
+    }
     default:
       return internalError(where + ": unknown kernel error " + std::to_string(code));
   }
@@ -624,6 +693,8 @@ void DeviceEngine::breakLinks() {
   if (links_) links_->breakAll();
 }
 
+void DeviceEngine::watchPeers() {}
+void DeviceEngine::noteAbort() {}
 Status DeviceEngine::kernelError() const { return Status::Ok(); }
 
 #endif

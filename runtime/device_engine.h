@@ -18,6 +18,8 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -55,6 +57,9 @@ class DeviceEngine {
   Status leave();
   // All three, for one communicator.
   Status launchPrepared();
+  // As an abort begins: notes whether device work was in flight or failed (then the
+  // destructor leaves the FIFOs and words to the process's exit instead of freeing them).
+  void noteAbort();
   // What a kernel reported (abort, deadline, a size mismatch), as a Status; Ok if nothing.
   Status kernelError() const;
   // Marks every device FIFO broken, so that the peers' kernels stop waiting (abort).
@@ -78,6 +83,7 @@ class DeviceEngine {
     streams_.clear();
   }
   Status cudaCheck(const char* what, int err) const;
+  void watchPeers();  // registers the peer processes of this host with runtime/peer_watch.h
 
   Comm& comm_;
   std::unique_ptr<Links> links_;
@@ -113,6 +119,12 @@ class DeviceEngine {
   // Caller streams this communicator launched on directly, each with an event recorded after
   // its latest kernels (the destructor waits for them before freeing FIFOs).
   std::vector<std::pair<void*, void*>> directDone_;
+  // The watch on the peer processes of this host (runtime/peer_watch.h; 0: none), and the
+  // peers it found gone, by rank (their pids), for the kernels' error messages.
+  uint64_t watch_ = 0;
+  std::atomic<bool> busyAtAbort_{false};  // noteAbort found work in flight
+  mutable std::mutex exitedMu_;
+  std::map<int, int64_t> exited_;
 };
 
 }  // namespace tutti

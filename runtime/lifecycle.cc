@@ -171,6 +171,7 @@ Result<Started> splitComm(Comm* parent, int color, int key, CommConfig config) {
 
 void destroyComm(Comm* comm, bool abort) {
   if (!registry::remove(comm)) return;  // another thread is already destroying it
+  if (abort) comm->noteAbort();         // before the abort word stops the kernels
   if (abort || comm->state() == Comm::State::kInitializing) comm->requestAbort();
   if (abort) comm->breakLinks();  // peers waiting on this rank fail now, not at their deadline
   group::discard(comm);           // queued in this thread's open group: never going to run now

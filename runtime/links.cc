@@ -181,4 +181,21 @@ void Links::breakAll() {
   for (auto& [n, c] : conns_) c->breakLink();
 }
 
+size_t Links::abandonAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t bytes = 0;
+  for (auto& [n, c] : conns_) bytes += c->abandon();
+  return bytes;
+}
+
+bool Links::peerGone(int peer) {
+  // Link setup holds the lock while it waits for peers (bootstrap): never wait for it here.
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  for (auto& [n, c] : conns_) {
+    if (n.peer == peer) c->peerGone();
+  }
+  return true;
+}
+
 }  // namespace tutti

@@ -45,6 +45,11 @@ class Links {
   transport::FifoView* recv(int peer, int channel);
   // Tells every peer that this rank has left (after a failure or an abort).
   void breakAll();
+  // Marks the links to peer broken, its process having exited (Connection::peerGone). false if
+  // the links were busy (being made): ask again later.
+  bool peerGone(int peer);
+  // Every link's memory is left to the process's exit (Connection::abandon): the bytes.
+  size_t abandonAll();
   // Slot sizes: of the links to peer, and the largest that fits every hop of the ring.
   size_t slotBytesFor(int peer) const;
   size_t ringSlotBytes() const;

@@ -246,6 +246,14 @@ class Connection {
   virtual void breakLink() {
     if (fifo_.ctrl) fifo_.ctrl->broken.store(1, std::memory_order_release);
   }
+  // The peer's process exited: mark the link broken so that this side's waits (device kernels
+  // polling the broken word) stop. Unlike breakLink, this side has not failed: nothing of the
+  // peer's can still use the link, so its memory may be freed as usual.
+  virtual void peerGone() { breakLink(); }
+  // A link this side gave up while a peer's kernel could still use it (an abort with work in
+  // flight): its destructor frees nothing, leaving the memory to the process's exit. Returns
+  // the bytes of it this side allocated.
+  virtual size_t abandon() { return 0; }
   // Direct transfers: bytes go between the caller's buffers and the peer without a copy
   // through a slot. tcp: the socket calls copy anyway, so they use the caller's buffers;
   // shm: the receiver copies straight from the sender's buffer (single copy).

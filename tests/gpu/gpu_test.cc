@@ -146,6 +146,17 @@ TEST(GpuProcesses, MatrixOnDeviceBuffersWithFourProcessesOnOneGpu) {
   EXPECT_NE(r.output.find("cases passed on rank 3"), std::string::npos) << r.output;
 }
 
+// A peer process that exits while this rank's kernel waits for it: the kernel stops within the
+// peer watch's period, not at TUTTI_TIMEOUT (600 s here, beyond the test's limit), and the
+// error names the rank that exited and its pid.
+TEST(GpuProcesses, AKernelWaitingForAPeerProcessThatExitedStops) {
+  SKIP_WITHOUT_GPU();
+  RunResult r = runShell(std::string("TUTTI_TIMEOUT=600 timeout 60 ") + TUTTI_RUN_BIN + " -n 2 " +
+                         TUTTI_TEST_RANK_BIN + " peerexit-device 2>&1");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("device survivor: "), std::string::npos) << r.output;
+}
+
 // Device buffers filled with v, one per rank.
 struct RankBuffers {
   std::vector<float*> bufs;

@@ -7,6 +7,10 @@
 //   loop         init, then AllReduce 4 MiB again and again until one fails (a peer was
 //                killed): prints "survivor: <result>: <message>" and exits 0 when the error
 //                is ncclRemoteError and ncclCommGetAsyncError agrees, else 1
+//   peerexit-device  2 ranks on GPU buffers: one all-reduce together, then rank 1 exits
+//                (status 0, so tutti-run lets rank 0 go on) while rank 0's next kernel waits
+//                for it: prints "device survivor: ..." and exits 0 when that kernel stopped
+//                with ncclRemoteError naming rank 1's exit, else 1
 //   readonly     2 ranks: rank 0 broadcasts 4 MiB into memory rank 1 may only read (shm
 //                single copy fails there): prints "readonly: <result>: <message>" and exits 0
 //                when the broadcast failed, 1 when it did not
@@ -110,6 +114,42 @@ int main(int argc, char** argv) {
     if (!bad.empty()) return 1;
     printf("matrix: %zu cases passed on rank %d\n", tutti::test::matrixCases(size, fifo).size(),
            rank);
+  }
+  if (mode == "peerexit-device") {
+#ifdef TUTTI_HAVE_CUDA
+    cudaStream_t s = nullptr;
+    float* d = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMalloc(&d, 4096) != cudaSuccess || cudaMemsetAsync(d, 0, 4096, s) != cudaSuccess) {
+      fprintf(stderr, "CUDA set-up failed\n");
+      return 1;
+    }
+    if (ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, s) != ncclSuccess ||
+        cudaStreamSynchronize(s) != cudaSuccess) {
+      return failWith("the first all-reduce", comm);
+    }
+    if (rank == 1) {
+      sleep(1);  // rank 0's next kernel waits for this rank by then
+      _exit(0);
+    }
+    const ncclResult_t r = ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, s);
+    const cudaError_t e = cudaStreamSynchronize(s);
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
+    const std::string msg = ncclGetLastError(comm);
+    printf("device survivor: %s, %s, async %s: %s\n", ncclGetErrorString(r), cudaGetErrorString(e),
+           ncclGetErrorString(async), msg.c_str());
+    fflush(stdout);
+    ncclCommAbort(comm);
+    return r == ncclSuccess && e == cudaSuccess && async == ncclRemoteError &&
+                   msg.find("rank 1 (pid") != std::string::npos &&
+                   msg.find("exited") != std::string::npos
+               ? 0
+               : 1;
+#else
+    fprintf(stderr, "peerexit-device: this build has no CUDA\n");
+    return 1;
+#endif
   }
   if (mode == "readonly") {
     const size_t bytes = 4 << 20;

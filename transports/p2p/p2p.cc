@@ -13,8 +13,9 @@
 // of a mapped FIFO; for a FIFO in GPU memory, a word of a pooled pinned page where both ends are
 // in one process, else a page of POSIX shared memory both register as mapped): abort sets it
 // with a store, never with a copy on a stream, which could queue behind a kernel that waits for
-// that very word. A link that was broken (abort, a failed kernel or launch) leaves its memory to
-// the process's exit: the peer's kernel may still touch it, and a free may wait for the GPU.
+// that very word. An abandoned link (an abort with work in flight, see DeviceEngine::noteAbort)
+// leaves its memory to the process's exit: the peer's kernel may still touch it, and a free
+// may wait for the GPU.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -163,8 +164,7 @@ class P2pConnection : public Connection {
                            // that holds the broken word (registered; the receiver named it)
     uint32_t* brokenDev;   // the device address of either
   };
-  P2pConnection(const ConnSpec& spec, size_t llSlotBytes, Memory m)
-      : m_(std::move(m)), peer_(spec.peer) {
+  P2pConnection(const ConnSpec& spec, size_t llSlotBytes, Memory m) : m_(std::move(m)) {
     layDeviceFifo(m_.dev, spec.slotBytes, llSlotBytes, &fifo_);
     fifo_.peer = spec.peer;
     fifo_.channel = spec.channel;
@@ -175,15 +175,11 @@ class P2pConnection : public Connection {
   }
   ~P2pConnection() override {
     if (m_.owner && !m_.shmName.empty()) shm_unlink(m_.shmName.c_str());  // gone if both had it
-    if (broken_.load(std::memory_order_acquire)) {
+    if (abandoned_) {
       // The peer's kernel may still read or write this FIFO and poll its broken word (it stops
       // within its next checks), and cudaFree, cudaIpcCloseMemHandle and cudaHostUnregister
       // may wait for the whole GPU, where another communicator's kernel may wait for this very
-      // thread. So a broken link's memory stays until the process exits.
-      TUTTI_INFO(log::kInit,
-                 "p2p: a broken link to rank %d leaves its %zu-byte FIFO%s to the "
-                 "process's exit",
-                 peer_, size_t(m_.bytes), m_.owner ? "" : " mapping");
+      // thread. So an abandoned link's memory stays until the process exits.
       return;
     }
     if (m_.broken) BrokenWords::drop(m_.broken);
@@ -204,8 +200,19 @@ class P2pConnection : public Connection {
   Status health() const override { return Status::Ok(); }
   // Tell the peer's kernels this side is gone: they poll the broken word while they wait. A
   // host store in every mode, no CUDA call (see the top of this file).
-  void breakLink() override {
-    broken_.store(true, std::memory_order_release);
+  void breakLink() override { storeBroken(); }
+  size_t abandon() override {
+    abandoned_ = true;
+    return m_.owner ? m_.bytes : 0;
+  }
+  // The peer process exited: this side's kernels stop at the broken word. The peer's kernels
+  // are gone with it, so the memory is freed as usual (no broken_).
+  void peerGone() override { storeBroken(); }
+  const char* transportName() const override { return m_.mode == kDevice ? "p2p" : "shm/mapped"; }
+  static constexpr size_t kBrokenPageBytes = 4096;
+
+ private:
+  void storeBroken() {
     uint32_t* w = m_.broken ? m_.broken : m_.brokenPage;
     if (w) {
       __atomic_store_n(w, 1u, __ATOMIC_RELEASE);
@@ -213,13 +220,9 @@ class P2pConnection : public Connection {
       static_cast<FifoCtrl*>(m_.host)->broken.store(1);
     }
   }
-  const char* transportName() const override { return m_.mode == kDevice ? "p2p" : "shm/mapped"; }
-  static constexpr size_t kBrokenPageBytes = 4096;
 
- private:
   Memory m_;
-  int peer_;
-  std::atomic<bool> broken_{false};  // breakLink ran: the destructor frees nothing
+  bool abandoned_ = false;  // the destructor frees nothing (set before it, on its thread)
 };
 
 class P2pTransport : public Transport {
