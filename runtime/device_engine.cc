@@ -109,7 +109,10 @@ DeviceEngine::~DeviceEngine() {
     // The FIFOs and the mapped words must outlive every kernel that uses them.
     DeviceGuard guard(comm_.cudaDev());
     const bool aborted = comm_.aborted();
-    const bool keep = aborted && busyAtAbort_.load(std::memory_order_acquire);
+    // Kept where noteAbort found work, or a launch came after it (a call already past its
+    // checks when the abort began).
+    const bool keep = aborted && (busyAtAbort_.load(std::memory_order_acquire) ||
+                                  launches_.load(std::memory_order_acquire) != launchesAtAbort_);
     if (aborted) breakLinks();  // peers' kernels stop before anything is freed
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
     for (auto& [st, ev] : directDone_) {
@@ -146,21 +149,28 @@ DeviceEngine::~DeviceEngine() {
 // GPU, where another communicator's kernel may wait for the aborting thread (a watchdog that
 // aborts one communicator after another). Such an abort frees nothing. The abort of an idle,
 // healthy communicator -- a framework's ordinary teardown -- frees everything, as destroy does.
+// Limits: replays of a CUDA graph record no event here, so a hung replay looks idle (freed, as
+// before this check); an event last recorded under capture cannot be queried and counts as
+// idle too, or every teardown after a capture would keep its memory.
 void DeviceEngine::noteAbort() {
-  bool busy = true;                                          // when in doubt, keep the memory
+  launchesAtAbort_ = launches_.load(std::memory_order_acquire);
+  bool busy = true;                                          // a launch under way: keep
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);  // never wait for a launch here
   if (lock.owns_lock()) {
     busy = false;
     if (ready_) {
       DeviceGuard guard(comm_.cudaDev());
+      // Relaxed: a query from this thread must not disturb another thread's graph capture.
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      cudaThreadExchangeStreamCaptureMode(&mode);
       auto pending = [](void* ev) {
         const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
-        if (e == cudaSuccess) return false;
-        if (e != cudaErrorNotReady) cudaGetLastError();
-        return true;
+        if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError();
+        return e == cudaErrorNotReady;
       };
       busy = !kernelError().ok() || pending(done_);
       for (auto& [st, ev] : directDone_) busy = busy || pending(ev);
+      cudaThreadExchangeStreamCaptureMode(&mode);  // back to the caller's
     }
   }
   busyAtAbort_.store(busy, std::memory_order_release);
@@ -276,11 +286,11 @@ void DeviceEngine::watchPeers() {
   if (peers.empty()) return;
   Links* links = links_.get();
   watch_ = peerwatch::add(std::move(peers), [this, links](const peerwatch::Peer& p) {
-    if (!links->peerGone(p.rank)) return false;  // being made: ask again
-    {
+    {  // first: a kernel stopped by the mark below must find why
       std::lock_guard<std::mutex> lock(exitedMu_);
       exited_[p.rank] = p.pid;
     }
+    if (!links->peerGone(p.rank)) return false;  // being made: ask again
     TUTTI_INFO(log::kInit,
                "rank %d: rank %d (pid %lld, this host) exited; GPU links to it are marked broken",
                comm_.rank(), p.rank, static_cast<long long>(p.pid));
@@ -588,6 +598,7 @@ Status DeviceEngine::launch() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!ready_) return Status::Ok();
   DeviceGuard guard(comm_.cudaDev());
+  launches_.fetch_add(1, std::memory_order_acq_rel);  // before: noteAbort compares
   Status st = launchAll();
   releaseFollowers();  // queued, or never will be
   return st;

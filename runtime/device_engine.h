@@ -123,6 +123,8 @@ class DeviceEngine {
   // peers it found gone, by rank (their pids), for the kernels' error messages.
   uint64_t watch_ = 0;
   std::atomic<bool> busyAtAbort_{false};  // noteAbort found work in flight
+  std::atomic<uint64_t> launches_{0};     // launch() calls
+  uint64_t launchesAtAbort_ = 0;          // launches_ when noteAbort ran
   mutable std::mutex exitedMu_;
   std::map<int, int64_t> exited_;
 };

@@ -1,5 +1,7 @@
 #include "runtime/peer_watch.h"
 
+#include <pthread.h>
+
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -28,10 +30,16 @@ struct State {
   bool started = false;
 };
 
-State& state() {
-  static auto* s = new State;
-  return *s;
+// A child of fork() has no watcher thread, and the lock may have been held at the fork: it
+// starts afresh (the parent's state is left behind).
+State*& statePtr() {
+  static State* s = [] {
+    pthread_atfork(nullptr, nullptr, [] { statePtr() = new State; });
+    return new State;
+  }();
+  return s;
 }
+State& state() { return *statePtr(); }
 
 void loop() {
   State& s = state();

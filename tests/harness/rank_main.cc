@@ -10,7 +10,9 @@
 //   peerexit-device  2 ranks on GPU buffers: one all-reduce together, then rank 1 exits
 //                (status 0, so tutti-run lets rank 0 go on) while rank 0's next kernel waits
 //                for it: prints "device survivor: ..." and exits 0 when that kernel stopped
-//                with ncclRemoteError naming rank 1's exit, else 1
+//                with ncclRemoteError naming rank 1's exit, else 1. 4 KiB: rank 0 waits to
+//                receive, on its own FIFO; peerexit-device-big: 64 MiB, more than a FIFO
+//                holds, so rank 0 also waits to send, on the FIFO in rank 1's memory
 //   readonly     2 ranks: rank 0 broadcasts 4 MiB into memory rank 1 may only read (shm
 //                single copy fails there): prints "readonly: <result>: <message>" and exits 0
 //                when the broadcast failed, 1 when it did not
@@ -115,16 +117,18 @@ int main(int argc, char** argv) {
     printf("matrix: %zu cases passed on rank %d\n", tutti::test::matrixCases(size, fifo).size(),
            rank);
   }
-  if (mode == "peerexit-device") {
+  if (mode == "peerexit-device" || mode == "peerexit-device-big") {
 #ifdef TUTTI_HAVE_CUDA
+    const size_t count = mode == "peerexit-device" ? 1024 : (16u << 20);
     cudaStream_t s = nullptr;
     float* d = nullptr;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaMalloc(&d, 4096) != cudaSuccess || cudaMemsetAsync(d, 0, 4096, s) != cudaSuccess) {
+        cudaMalloc(&d, count * 4) != cudaSuccess ||
+        cudaMemsetAsync(d, 0, count * 4, s) != cudaSuccess) {
       fprintf(stderr, "CUDA set-up failed\n");
       return 1;
     }
-    if (ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, s) != ncclSuccess ||
+    if (ncclAllReduce(d, d, count, ncclFloat, ncclSum, comm, s) != ncclSuccess ||
         cudaStreamSynchronize(s) != cudaSuccess) {
       return failWith("the first all-reduce", comm);
     }
@@ -132,7 +136,7 @@ int main(int argc, char** argv) {
       sleep(1);  // rank 0's next kernel waits for this rank by then
       _exit(0);
     }
-    const ncclResult_t r = ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, s);
+    const ncclResult_t r = ncclAllReduce(d, d, count, ncclFloat, ncclSum, comm, s);
     const cudaError_t e = cudaStreamSynchronize(s);
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm, &async);
