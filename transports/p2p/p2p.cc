@@ -206,7 +206,7 @@ class P2pConnection : public Connection {
     return m_.owner ? m_.bytes : 0;
   }
   // The peer process exited: this side's kernels stop at the broken word. The peer's kernels
-  // are gone with it, so the memory is freed as usual (no broken_).
+  // are gone with it, so the memory is freed as usual (not abandoned).
   void peerGone() override { storeBroken(); }
   const char* transportName() const override { return m_.mode == kDevice ? "p2p" : "shm/mapped"; }
   static constexpr size_t kBrokenPageBytes = 4096;
