@@ -1,5 +1,7 @@
 #include "runtime/device_engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -256,6 +258,7 @@ Status DeviceEngine::init() {
           comm_.rank(), siblings_ + 1, comm_.cudaDev(), queues);
     }
   }
+  warnSharedGpuProcesses();
   ready_ = true;
   TUTTI_INFO(log::kInit,
              "rank %d: CUDA engine on device %d, %d channels at most, LL up to %zu "
@@ -263,6 +266,29 @@ Status DeviceEngine::init() {
              comm_.rank(), comm_.cudaDev(), maxChannels_, llMaxBytes_,
              dev::builtKernelTypes().c_str());
   return Status::Ok();
+}
+
+// Ranks of this communicator in other processes on this rank's GPU: without MPS, kernels of
+// separate processes take turns on a GPU (time slices), and ranks that wait for each other
+// then pay a slice per step: milliseconds per operation (docs/gpu-results.md). Said once, by
+// the lowest rank on the GPU, unless an MPS control daemon answers at its pipe directory.
+void DeviceEngine::warnSharedGpuProcesses() const {
+  const PeerInfo& me = comm_.peers()[size_t(comm_.rank())];
+  int processes = 0, lowest = comm_.rank();
+  for (const PeerInfo& q : comm_.peers()) {
+    if (q.cudaDev < 0 || q.hostHash != me.hostHash || strcmp(q.busId, me.busId) != 0) continue;
+    lowest = std::min(lowest, int(q.rank));
+    if (q.pid != me.pid || q.pidNs != me.pidNs) ++processes;
+  }
+  if (processes == 0 || lowest != comm_.rank()) return;
+  const char* dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::string control = std::string(dir && *dir ? dir : "/tmp/nvidia-mps") + "/control";
+  if (access(control.c_str(), F_OK) == 0) return;  // MPS runs
+  TUTTI_WARN(
+      "rank %d: ranks of %d other process(es) share GPU %d with this one, and no MPS daemon "
+      "was found (%s): their kernels take turns on the GPU, milliseconds per operation; start "
+      "nvidia-cuda-mps-control -d before the job, or run the ranks as threads of one process",
+      comm_.rank(), processes, comm_.cudaDev(), control.c_str());
 }
 
 void DeviceEngine::breakLinks() {
@@ -706,6 +732,7 @@ void DeviceEngine::breakLinks() {
 
 void DeviceEngine::watchPeers() {}
 void DeviceEngine::noteAbort() {}
+void DeviceEngine::warnSharedGpuProcesses() const {}
 Status DeviceEngine::kernelError() const { return Status::Ok(); }
 
 #endif

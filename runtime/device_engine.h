@@ -83,7 +83,10 @@ class DeviceEngine {
     streams_.clear();
   }
   Status cudaCheck(const char* what, int err) const;
-  void watchPeers();  // registers the peer processes of this host with runtime/peer_watch.h
+  void watchPeers();
+  void warnSharedGpuProcesses()
+      const;  // other processes' ranks on this GPU, no MPS: say so  // registers the peer processes
+              // of this host with runtime/peer_watch.h
 
   Comm& comm_;
   std::unique_ptr<Links> links_;
