@@ -41,12 +41,18 @@ Result<Comm*> lookup(const void* handle, Need need) {
   return internalError("unknown communicator state");
 }
 
+Result<Comm*> lookupPinned(const void* handle, Need need, Pinned* pin) {
+  if (Comm* c = handle ? registry::pin(handle) : nullptr) pin->hold(c);
+  return lookup(handle, need);  // the checks; a destroy that began meanwhile is refused here
+}
+
 size_t typeSize(int t) { return dtypeSize(t); }
 const char* typeName(int t) { return dtypeName(t); }
 const char* opName(int op) { return redOpName(op); }
 
 ncclResult_t notImplemented(const char* fn, const void* comm) {
-  Result<Comm*> c = lookup(comm, Need::kReady);
+  Pinned pin;
+  Result<Comm*> c = lookupPinned(comm, Need::kReady, &pin);
   if (!c.ok()) return fail(fn, c.status());
   return fail(fn, invalidUsage(std::string("not implemented yet in tutti ") + kTuttiVersionString));
 }

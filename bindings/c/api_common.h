@@ -23,6 +23,25 @@ enum class Need { kAny, kReady };
 // still initializing, failed or finalized comms are refused with a message.
 Result<Comm*> lookup(const void* handle, Need need);
 
+// A communicator pinned for the length of a call (Comm::pin): ncclCommDestroy or
+// ncclCommAbort on another thread waits for the call before freeing it.
+class Pinned {
+ public:
+  Pinned() = default;
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+  ~Pinned() {
+    if (comm_) comm_->unpin();
+  }
+  void hold(Comm* c) { comm_ = c; }
+
+ private:
+  Comm* comm_ = nullptr;
+};
+// lookup, with the communicator pinned in *pin while it lives: for every entry point but
+// ncclCommDestroy and ncclCommAbort (which wait for the pins).
+Result<Comm*> lookupPinned(const void* handle, Need need, Pinned* pin);
+
 // Size of one element, 0 for an unknown datatype.
 size_t typeSize(int datatype);
 const char* typeName(int datatype);

@@ -155,7 +155,8 @@ TUTTI_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCo
   const char* fn = "ncclCommSplit";
   if (!newcomm) return fail(fn, invalidArgument("newcomm is NULL"));
   *newcomm = nullptr;
-  Result<Comm*> parent = api::lookup(comm, api::Need::kReady);
+  api::Pinned pin;
+  Result<Comm*> parent = api::lookupPinned(comm, api::Need::kReady, &pin);
   if (!parent.ok()) return fail(fn, parent.status());
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR) {
     return fail(fn, invalidArgument("color is " + std::to_string(color) +
@@ -167,7 +168,8 @@ TUTTI_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCo
 }
 
 TUTTI_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
-  Result<Comm*> c = api::lookup(comm, api::Need::kReady);
+  api::Pinned pin;
+  Result<Comm*> c = api::lookupPinned(comm, api::Need::kReady, &pin);
   if (!c.ok()) return fail("ncclCommFinalize", c.status());
   c.value()->markFinalized();
   TUTTI_INFO(log::kInit, "comm %p rank %d - Finalize", static_cast<void*>(c.value()),

@@ -82,7 +82,8 @@ TUTTI_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
   if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate) {
     return fail(fn, invalidArgument("residence " + std::to_string(residence) + " is not valid"));
   }
-  Result<Comm*> c = api::lookup(comm, api::Need::kReady);
+  api::Pinned pin;
+  Result<Comm*> c = api::lookupPinned(comm, api::Need::kReady, &pin);
   if (!c.ok()) return fail(fn, c.status());
   // A device-resident scalar is read when each operation runs; an immediate one now.
   Result<int> made = c.value()->createPreMulSum(scalar, datatype, residence == ncclScalarDevice);
@@ -96,7 +97,8 @@ TUTTI_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
     return fail("ncclRedOpDestroy", invalidArgument("op " + std::to_string(op) +
                                                     " is a built-in op, not a custom one"));
   }
-  Result<Comm*> c = api::lookup(comm, api::Need::kAny);
+  api::Pinned pin;
+  Result<Comm*> c = api::lookupPinned(comm, api::Need::kAny, &pin);
   if (!c.ok()) return fail("ncclRedOpDestroy", c.status());
   if (Status s = c.value()->destroyOp(op); !s.ok()) return fail("ncclRedOpDestroy", s);
   return ncclSuccess;

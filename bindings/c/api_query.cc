@@ -38,10 +38,11 @@ TUTTI_API const char* ncclGetErrorString(ncclResult_t result) {
 TUTTI_API const char* ncclGetLastError(ncclComm_t comm) {
   // A communicator's asynchronous error (a failed nonblocking init, a split helper) is what a
   // caller passing that communicator is asking about; otherwise this thread's last error.
-  if (comm && registry::contains(comm)) {
+  if (Comm* c = comm ? registry::pin(comm) : nullptr) {
     static thread_local std::string async;
-    reinterpret_cast<Comm*>(comm)->pollDeviceErrors();
-    async = reinterpret_cast<Comm*>(comm)->asyncMessage();
+    c->pollDeviceErrors();
+    async = c->asyncMessage();
+    c->unpin();  // pinned: a destroy on another thread waits for these two calls
     if (!async.empty()) return async.c_str();
   }
   return api::lastError();
@@ -49,7 +50,8 @@ TUTTI_API const char* ncclGetLastError(ncclComm_t comm) {
 
 TUTTI_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   if (!asyncError) return fail("ncclCommGetAsyncError", invalidArgument("asyncError is NULL"));
-  Result<Comm*> c = api::lookup(comm, api::Need::kAny);
+  api::Pinned pin;
+  Result<Comm*> c = api::lookupPinned(comm, api::Need::kAny, &pin);
   if (!c.ok()) return fail("ncclCommGetAsyncError", c.status());
   c.value()->pollDeviceErrors();
   *asyncError = static_cast<ncclResult_t>(c.value()->asyncCode());
@@ -58,7 +60,8 @@ TUTTI_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
 
 TUTTI_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   if (!count) return fail("ncclCommCount", invalidArgument("count is NULL"));
-  Result<Comm*> c = api::lookup(comm, api::Need::kReady);
+  api::Pinned pin;
+  Result<Comm*> c = api::lookupPinned(comm, api::Need::kReady, &pin);
   if (!c.ok()) return fail("ncclCommCount", c.status());
   *count = c.value()->nranks();
   return ncclSuccess;
@@ -66,7 +69,8 @@ TUTTI_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
 
 TUTTI_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   if (!device) return fail("ncclCommCuDevice", invalidArgument("device is NULL"));
-  Result<Comm*> c = api::lookup(comm, api::Need::kReady);
+  api::Pinned pin;
+  Result<Comm*> c = api::lookupPinned(comm, api::Need::kReady, &pin);
   if (!c.ok()) return fail("ncclCommCuDevice", c.status());
   *device = c.value()->cudaDev();
   return ncclSuccess;
@@ -74,7 +78,8 @@ TUTTI_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
 
 TUTTI_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   if (!rank) return fail("ncclCommUserRank", invalidArgument("rank is NULL"));
-  Result<Comm*> c = api::lookup(comm, api::Need::kReady);
+  api::Pinned pin;
+  Result<Comm*> c = api::lookupPinned(comm, api::Need::kReady, &pin);
   if (!c.ok()) return fail("ncclCommUserRank", c.status());
   *rank = c.value()->rank();
   return ncclSuccess;

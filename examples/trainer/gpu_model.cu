@@ -311,6 +311,7 @@ class CudaModel : public GpuModel {
   double commSeconds() const override { return comm_s_; }
   double exposedSeconds() const override { return exposed_s_; }
   void resetTimers() override { comm_s_ = exposed_s_ = 0; }
+  void abandon() override { failed_ = collectiveIssued_ = true; }
 
  private:
   bool ok(cudaError_t e, const char* what, std::string* error) {

@@ -63,6 +63,9 @@ class GpuModel {
   virtual double commSeconds() const = 0;
   virtual double exposedSeconds() const = 0;
   virtual void resetTimers() = 0;
+  // This rank failed alone while others' collectives may wait for it: the destructor frees
+  // nothing (a cudaFree would wait for the whole GPU, where their kernels spin).
+  virtual void abandon() = 0;
 };
 
 }  // namespace trainer

@@ -84,12 +84,14 @@ int runThreads(trainer::Options o) {
   std::mutex mu;
   std::condition_variable cv;
   int finished = 0;
+  int firstFailed = -1;  // the rank whose failure stopped the others
   bool failed = false;
   if (loaded) {
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
         trainer::TrainResult res = trainer::train(comms[size_t(r)], o, &data);
         std::lock_guard<std::mutex> lock(mu);
+        if (!res.ok && !failed) firstFailed = r;
         failed = failed || !res.ok;
         results[size_t(r)] = std::move(res);
         ++finished;
@@ -106,8 +108,12 @@ int runThreads(trainer::Options o) {
     for (auto& t : threads) t.join();
   }
   int rc = loaded ? 0 : 1;
+  if (firstFailed >= 0) {  // its error first: the others' follow from it (or from the abort)
+    report(results[size_t(firstFailed)]);
+    rc = 1;
+  }
   for (int r = 0; r < n; ++r) {
-    if (loaded && report(results[size_t(r)])) rc = 1;
+    if (loaded && r != firstFailed && report(results[size_t(r)])) rc = 1;
   }
   if (!failed) {
     for (ncclComm_t c : comms) rc ? ncclCommAbort(c) : ncclCommDestroy(c);

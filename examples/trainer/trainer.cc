@@ -237,6 +237,7 @@ bool Run::step(const std::vector<int>& perm, int64_t index_in_epoch, double* los
     int r = -1;
     long long s = -1;
     if (sscanf(f, "%d:%lld", &r, &s) == 2 && r == rank_ && s == step_) {
+      if (gpu_) gpu_->abandon();  // as after a CUDA error: the others' kernels wait for it
       return fail("rank " + std::to_string(rank_) + ": failed at step " + std::to_string(s) +
                   " as TUTTI_TRAINER_FAIL_AT asked");
     }
