@@ -262,3 +262,35 @@ TEST(Comm, AbortFreesTheRendezvousPortForARetry) {
   for (auto c : comms) EXPECT_NE(c, nullptr);
   destroyAll(comms);
 }
+
+// A watchdog pattern: one thread asks a communicator for its state while another aborts it.
+// The calls are answered or refused ("not a live communicator"), never made on a freed
+// communicator (every query pins it; under ASAN a use after free fails this test).
+TEST(Comm, QueriesDuringAnAbortOnAnotherThreadAreAnsweredOrRefused) {
+  for (int round = 0; round < 20; ++round) {
+    ncclComm_t comms[2] = {};
+    ASSERT_EQ(ncclCommInitAll(comms, 2, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
+    std::atomic<bool> stop{false};
+    std::atomic<int> answered{0};
+    std::thread asker([&] {
+      while (!stop.load()) {
+        int n = 0;
+        ncclResult_t async = ncclSuccess;
+        const ncclResult_t a = ncclCommCount(comms[0], &n);
+        const ncclResult_t b = ncclCommGetAsyncError(comms[0], &async);
+        ncclGetLastError(comms[0]);
+        if (a == ncclSuccess) EXPECT_EQ(n, 2);
+        if (a != ncclSuccess) EXPECT_EQ(a, ncclInvalidArgument);
+        if (b != ncclSuccess) EXPECT_EQ(b, ncclInvalidArgument);
+        answered += a == ncclSuccess;
+      }
+    });
+    while (answered.load() == 0) std::this_thread::yield();
+    EXPECT_EQ(ncclCommAbort(comms[0]), ncclSuccess);
+    stop = true;
+    asker.join();
+    int n = 0;
+    EXPECT_EQ(ncclCommCount(comms[0], &n), ncclInvalidArgument);
+    EXPECT_EQ(ncclCommAbort(comms[1]), ncclSuccess);
+  }
+}
