@@ -197,7 +197,8 @@ class CudaModel : public GpuModel {
     for (cudaEvent_t* e : {&backwardEnd_, &commDone_}) {
       if (good) good = ok(cudaEventCreate(e), "cudaEventCreate", error);
     }
-    // Each bucket's all-reduce is timed from when its layers are done to its end.
+    // Each bucket is timed on the communication stream, from when the stream reaches it (its
+    // layers done and the bucket before ended) to its end: the stream's busy time.
     for (size_t b = 0; good && b < buckets_.size(); ++b) {
       cudaEvent_t start = nullptr, end = nullptr;
       good = ok(cudaEventCreate(&start), "cudaEventCreate", error);
