@@ -285,7 +285,7 @@ void DeviceEngine::warnSharedGpuProcesses() const {
   const std::string control = std::string(dir && *dir ? dir : "/tmp/nvidia-mps") + "/control";
   if (access(control.c_str(), F_OK) == 0) return;  // MPS runs
   TUTTI_WARN(
-      "rank %d: ranks of %d other process(es) share GPU %d with this one, and no MPS daemon "
+      "rank %d: %d rank(s) of other processes share GPU %d with this one, and no MPS daemon "
       "was found (%s): their kernels take turns on the GPU, milliseconds per operation; start "
       "nvidia-cuda-mps-control -d before the job, or run the ranks as threads of one process",
       comm_.rank(), processes, comm_.cudaDev(), control.c_str());

@@ -148,8 +148,9 @@ bool Run::setUp(const Dataset* data) {
   steps_per_epoch_ = data_->train.count / o_.batch;  // the last partial batch is dropped
   total_steps_ = steps_per_epoch_ * o_.epochs;
   if (o_.max_steps >= 0) total_steps_ = std::min(total_steps_, o_.max_steps);
+  // On the GPU the model all-reduces its own buckets: no communication thread here.
   sync_ = std::make_unique<GradSync>(comm_, makeBuckets(model_->layers(), o_.bucket_bytes),
-                                     o_.grad_dtype, o_.overlap);
+                                     o_.grad_dtype, o_.overlap && o_.device != "cuda");
   if (o_.device == "cuda") {
     gpu_ = GpuModel::create(comm_, model_->layers(), std::max(micro_, 1000), micro_,
                             makeBuckets(model_->layers(), o_.bucket_bytes), o_.grad_dtype,
