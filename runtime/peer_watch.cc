@@ -1,6 +1,9 @@
 #include "runtime/peer_watch.h"
 
+#include <poll.h>
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <map>
@@ -12,10 +15,38 @@
 namespace tutti::peerwatch {
 namespace {
 
+// A watched process: by a pidfd where the kernel has them (readable once the whole process has
+// exited; a reused pid cannot fool it), else by pid (processAlive).
+struct Watched {
+  Peer peer;
+  int pidfd;  // -1: none
+};
+
+int openPidfd(int64_t pid) {
+#ifdef SYS_pidfd_open
+  return int(syscall(SYS_pidfd_open, pid_t(pid), 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+bool gone(const Watched& w) {
+  if (w.pidfd < 0) return !processAlive(w.peer.pid);
+  pollfd p{w.pidfd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
+}
+
 struct Entry {
-  std::vector<Peer> peers;  // those not yet reported gone
+  std::vector<Watched> peers;  // those not yet reported gone
   OnExit onExit;
 };
+
+void closeAll(const Entry& e) {
+  for (const Watched& w : e.peers) {
+    if (w.pidfd >= 0) close(w.pidfd);
+  }
+}
 
 // Never destroyed: communicators may be destroyed during exit, after function statics, and
 // the thread runs until the process ends (it sleeps while nothing is watched).
@@ -51,14 +82,14 @@ void loop() {
       s.wake.wait_for(lock, s.period);
     }
     // Who is gone, found under the lock (kill(pid, 0) and a read of /proc: microseconds).
-    std::vector<std::pair<uint64_t, Peer>> gone;
+    std::vector<std::pair<uint64_t, Peer>> exited;
     for (auto& [ticket, e] : s.entries) {
-      for (const Peer& p : e.peers) {
-        if (!processAlive(p.pid)) gone.push_back({ticket, p});
+      for (const Watched& w : e.peers) {
+        if (gone(w)) exited.push_back({ticket, w.peer});
       }
     }
     // Each callback outside the lock, unless its entry was removed meanwhile.
-    for (const auto& [ticket, p] : gone) {
+    for (const auto& [ticket, p] : exited) {
       auto it = s.entries.find(ticket);
       if (it == s.entries.end()) continue;
       OnExit cb = it->second.onExit;
@@ -72,7 +103,8 @@ void loop() {
       if (handled && it != s.entries.end()) {
         auto& peers = it->second.peers;
         for (auto q = peers.begin(); q != peers.end(); ++q) {
-          if (q->rank == p.rank && q->pid == p.pid) {
+          if (q->peer.rank == p.rank && q->peer.pid == p.pid) {
+            if (q->pidfd >= 0) close(q->pidfd);
             peers.erase(q);
             break;
           }
@@ -90,7 +122,10 @@ uint64_t add(std::vector<Peer> peers, OnExit onExit) {
   std::lock_guard<std::mutex> lock(s.mu);
   const uint64_t ticket = s.next++;
   if (peers.empty()) return ticket;  // nothing to watch: remove() finds nothing
-  s.entries[ticket] = Entry{std::move(peers), std::move(onExit)};
+  Entry e;
+  e.onExit = std::move(onExit);
+  for (const Peer& p : peers) e.peers.push_back({p, openPidfd(p.pid)});  // -1: by pid then
+  s.entries[ticket] = std::move(e);
   if (!s.started) {
     s.started = true;
     std::thread(loop).detach();
@@ -102,7 +137,11 @@ uint64_t add(std::vector<Peer> peers, OnExit onExit) {
 void remove(uint64_t ticket) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
-  s.entries.erase(ticket);
+  auto it = s.entries.find(ticket);
+  if (it != s.entries.end()) {
+    closeAll(it->second);
+    s.entries.erase(it);
+  }
   s.done.wait(lock, [&] { return s.running != ticket; });
 }
 
