@@ -302,7 +302,7 @@ void DeviceEngine::breakLinks() {
 // links to a peer that exited are marked broken, so this rank's kernels waiting on them stop
 // at once (kErrPeer) instead of at TUTTI_TIMEOUT; later operations fail the same way. A peer
 // that exits after the work it took part in (a job's ordinary end) leaves links marked that
-// nothing waits on; they are freed as usual (Connection::peerGone is not a failure of ours).
+// nothing waits on; they are freed as usual (only an abort with work in flight abandons them).
 void DeviceEngine::watchPeers() {
   const PeerInfo& me = comm_.peers()[size_t(comm_.rank())];
   std::vector<peerwatch::Peer> peers;

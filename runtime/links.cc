@@ -193,7 +193,7 @@ bool Links::peerGone(int peer) {
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return false;
   for (auto& [n, c] : conns_) {
-    if (n.peer == peer) c->peerGone();
+    if (n.peer == peer) c->breakLink();
   }
   return true;
 }

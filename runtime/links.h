@@ -45,7 +45,7 @@ class Links {
   transport::FifoView* recv(int peer, int channel);
   // Tells every peer that this rank has left (after a failure or an abort).
   void breakAll();
-  // Marks the links to peer broken, its process having exited (Connection::peerGone). false if
+  // Marks the links to peer broken, its process having exited (Connection::breakLink). false if
   // the links were busy (being made): ask again later.
   bool peerGone(int peer);
   // Every link's memory is left to the process's exit (Connection::abandon): the bytes.

@@ -246,10 +246,6 @@ class Connection {
   virtual void breakLink() {
     if (fifo_.ctrl) fifo_.ctrl->broken.store(1, std::memory_order_release);
   }
-  // The peer's process exited: mark the link broken so that this side's waits (device kernels
-  // polling the broken word) stop. Unlike breakLink, this side has not failed: nothing of the
-  // peer's can still use the link, so its memory may be freed as usual.
-  virtual void peerGone() { breakLink(); }
   // A link this side gave up while a peer's kernel could still use it (an abort with work in
   // flight): its destructor frees nothing, leaving the memory to the process's exit. Returns
   // the bytes of it this side allocated.

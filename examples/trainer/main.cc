@@ -84,15 +84,13 @@ int runThreads(trainer::Options o) {
   std::mutex mu;
   std::condition_variable cv;
   int finished = 0;
-  int firstFailed = -1;  // the rank whose failure stopped the others
-  bool failed = false;
+  int firstFailed = -1;  // the rank whose failure stopped the others (-1: none failed)
   if (loaded) {
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
         trainer::TrainResult res = trainer::train(comms[size_t(r)], o, &data);
         std::lock_guard<std::mutex> lock(mu);
-        if (!res.ok && !failed) firstFailed = r;
-        failed = failed || !res.ok;
+        if (!res.ok && firstFailed < 0) firstFailed = r;
         results[size_t(r)] = std::move(res);
         ++finished;
         cv.notify_all();
@@ -100,9 +98,9 @@ int runThreads(trainer::Options o) {
     }
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return finished == n || failed; });
+      cv.wait(lock, [&] { return finished == n || firstFailed >= 0; });
     }
-    if (failed) {
+    if (firstFailed >= 0) {
       for (ncclComm_t c : comms) ncclCommAbort(c);  // safe beside the ranks' own calls
     }
     for (auto& t : threads) t.join();
@@ -115,7 +113,7 @@ int runThreads(trainer::Options o) {
   for (int r = 0; r < n; ++r) {
     if (loaded && r != firstFailed && report(results[size_t(r)])) rc = 1;
   }
-  if (!failed) {
+  if (firstFailed < 0) {
     for (ncclComm_t c : comms) rc ? ncclCommAbort(c) : ncclCommDestroy(c);
   }
   return rc;

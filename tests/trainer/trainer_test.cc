@@ -3,7 +3,6 @@
 #include "examples/trainer/trainer.h"
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <zlib.h>
 
 #include <cmath>
@@ -16,6 +15,7 @@
 #include "examples/trainer/checkpoint.h"
 #include "examples/trainer/gpu_model.h"
 #include "examples/trainer/grad_sync.h"
+#include "harness/harness.h"
 
 namespace trainer {
 namespace {
@@ -514,26 +514,12 @@ TEST(TrainerGpu, AccumulationBf16AndResumeOnTheGpu) {
   std::remove(ck.c_str());
 }
 
-// Runs a shell command; its output (stdout and stderr) and its wait status.
-std::string runCommand(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) {
-    *status = -1;
-    return "popen failed";
-  }
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  *status = pclose(p);
-  return out;
-}
-
 TEST(TrainerProcesses, LearnsUnderTuttiRun) {
-  int status = 0;
-  const std::string out = runCommand(std::string(TUTTI_RUN_BIN) + " -n 2 " + TUTTI_TRAIN_BIN +
-                                         " --epochs 2 --train-limit 8000 --test-limit 2000",
-                                     &status);
-  ASSERT_EQ(status, 0) << out;
+  const tutti::test::RunResult r =
+      tutti::test::runShell(std::string(TUTTI_RUN_BIN) + " -n 2 " + TUTTI_TRAIN_BIN +
+                            " --epochs 2 --train-limit 8000 --test-limit 2000");
+  const std::string& out = r.output;
+  ASSERT_EQ(r.exitCode, 0) << out;
   std::regex line(
       R"(\[rank 0\] epoch (\d)/2 .* train loss ([0-9.]+) .* test loss [0-9.]+ acc ([0-9.]+)%)");
   std::vector<double> loss, acc;
@@ -551,13 +537,12 @@ TEST(TrainerProcesses, LearnsUnderTuttiRun) {
 // not leave the other threads waiting for it until TUTTI_TIMEOUT (600 s here, beyond this
 // test's limit): tutti-train aborts every communicator at the first failure.
 TEST(TrainerThreads, ARankThatFailsAloneStopsTheOthers) {
-  int status = 0;
-  const std::string out =
-      runCommand(std::string("TUTTI_TIMEOUT=600 TUTTI_TRAINER_FAIL_AT=2:3 ") + TUTTI_TRAIN_BIN +
-                     " --threads 4 --epochs 1 --train-limit 4000 --test-limit 500",
-                 &status);
-  ASSERT_TRUE(WIFEXITED(status)) << out;
-  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  const tutti::test::RunResult r = tutti::test::runShell(
+      std::string("TUTTI_TIMEOUT=600 TUTTI_TRAINER_FAIL_AT=2:3 ") + TUTTI_TRAIN_BIN +
+      " --threads 4 --epochs 1 --train-limit 4000 --test-limit 500");
+  const std::string& out = r.output;
+  ASSERT_NE(r.exitCode, -1) << "killed by a signal\n" << out;  // -1: not a normal exit
+  EXPECT_EQ(r.exitCode, 1) << out;
   EXPECT_NE(out.find("tutti-train: rank 2: failed at step 3 as TUTTI_TRAINER_FAIL_AT asked"),
             std::string::npos)
       << out;

@@ -198,21 +198,10 @@ class P2pConnection : public Connection {
     cudaGetLastError();
   }
   Status health() const override { return Status::Ok(); }
-  // Tell the peer's kernels this side is gone: they poll the broken word while they wait. A
-  // host store in every mode, no CUDA call (see the top of this file).
-  void breakLink() override { storeBroken(); }
-  size_t abandon() override {
-    abandoned_ = true;
-    return m_.owner ? m_.bytes : 0;
-  }
-  // The peer process exited: this side's kernels stop at the broken word. The peer's kernels
-  // are gone with it, so the memory is freed as usual (not abandoned).
-  void peerGone() override { storeBroken(); }
-  const char* transportName() const override { return m_.mode == kDevice ? "p2p" : "shm/mapped"; }
-  static constexpr size_t kBrokenPageBytes = 4096;
-
- private:
-  void storeBroken() {
+  // Tell the peer's kernels this side is gone (or this side's, that the peer's process exited):
+  // they poll the broken word while they wait. A host store in every mode, no CUDA call (see
+  // the top of this file); the memory is freed as usual unless abandon() ran.
+  void breakLink() override {
     uint32_t* w = m_.broken ? m_.broken : m_.brokenPage;
     if (w) {
       __atomic_store_n(w, 1u, __ATOMIC_RELEASE);
@@ -220,7 +209,14 @@ class P2pConnection : public Connection {
       static_cast<FifoCtrl*>(m_.host)->broken.store(1);
     }
   }
+  size_t abandon() override {
+    abandoned_ = true;
+    return m_.owner ? m_.bytes : 0;
+  }
+  const char* transportName() const override { return m_.mode == kDevice ? "p2p" : "shm/mapped"; }
+  static constexpr size_t kBrokenPageBytes = 4096;
 
+ private:
   Memory m_;
   bool abandoned_ = false;  // the destructor frees nothing (set before it, on its thread)
 };
