@@ -94,6 +94,25 @@ PointerKind pointerKind(const void* ptr) {
   return {attr.type == cudaMemoryTypeManaged, -1};
 }
 
+Status captureId(void* stream, unsigned long long* id) {
+  *id = 0;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long got = 0;
+  const cudaError_t e = cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &status, &got);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(Code::kCudaError,
+                  std::string("cudaStreamGetCaptureInfo: ") + cudaGetErrorString(e));
+  }
+  if (status == cudaStreamCaptureStatusInvalidated) {
+    return Status(Code::kCudaError,
+                  "the graph capture on this stream was invalidated already (an operation "
+                  "not allowed during capture ran before this call)");
+  }
+  if (status == cudaStreamCaptureStatusActive) *id = got;
+  return Status::Ok();
+}
+
 #else  // !TUTTI_HAVE_CUDA
 
 int deviceCount() { return 0; }
@@ -109,6 +128,10 @@ Status deviceMalloc(void**, size_t) {
 }
 Status deviceFree(void*) { return Status(Code::kCudaError, "tutti was built without CUDA"); }
 PointerKind pointerKind(const void*) { return {}; }
+Status captureId(void*, unsigned long long* id) {
+  *id = 0;
+  return Status::Ok();
+}
 
 #endif
 

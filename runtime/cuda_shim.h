@@ -30,5 +30,8 @@ struct PointerKind {
 };
 PointerKind pointerKind(const void* ptr);
 inline bool isDevicePointer(const void* ptr) { return pointerKind(ptr).device; }
+// The CUDA graph capture a stream is in: 0 when it captures nothing, else the capture's id.
+// A capture already invalidated is an error. A query CUDA allows while the stream captures.
+Status captureId(void* stream, unsigned long long* id);
 
 }  // namespace tutti::cuda

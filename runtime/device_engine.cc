@@ -89,6 +89,7 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
   channelBytes_ =
       size_t(std::max<int64_t>(1, env::getInt("TUTTI_DEV_CHANNEL_BYTES", kDefaultChannelBytes)));
   timeoutS_ = env::getDouble("TUTTI_TIMEOUT", 1800);
+  graphMixing_ = env::getBool("NCCL_GRAPH_MIXING_SUPPORT", true);
   const PeerInfo& me = comm.peers()[size_t(comm.rank())];
   for (const PeerInfo& q : comm.peers()) {
     const bool sibling = q.rank != me.rank && q.pid == me.pid && q.pidNs == me.pidNs &&
@@ -106,6 +107,9 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
 }
 
 DeviceEngine::~DeviceEngine() {
+  // Teardown may run while another thread captures a graph in the global mode, which
+  // forbids this thread cudaFree and its like (they would fail, and invalidate that capture).
+  CaptureModeRelaxed relaxed;
   if (watch_) peerwatch::remove(watch_);  // before the links go: the watch marks them
   if (stream_) {
     // The FIFOs and the mapped words must outlive every kernel that uses them.
@@ -117,13 +121,11 @@ DeviceEngine::~DeviceEngine() {
                                   launches_.load(std::memory_order_acquire) != launchesAtAbort_);
     if (aborted) breakLinks();  // peers' kernels stop before anything is freed
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
-    for (auto& [st, ev] : directDone_) {
-      cudaEventSynchronize(static_cast<cudaEvent_t>(ev));
-      cudaEventDestroy(static_cast<cudaEvent_t>(ev));
-    }
+    if (serial_) cudaEventSynchronize(static_cast<cudaEvent_t>(serial_));  // the last launch
     comm_.setDeviceAbortWord(nullptr);
-    cudaEventDestroy(static_cast<cudaEvent_t>(entry_));
-    cudaEventDestroy(static_cast<cudaEvent_t>(done_));
+    for (void* ev : {entry_, done_, serial_}) {
+      if (ev) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
+    }
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
     // An abort with work in flight frees no memory (see noteAbort): the words, like the links'
     // FIFOs, are left to the process's exit.
@@ -151,9 +153,8 @@ DeviceEngine::~DeviceEngine() {
 // GPU, where another communicator's kernel may wait for the aborting thread (a watchdog that
 // aborts one communicator after another). Such an abort frees nothing. The abort of an idle,
 // healthy communicator -- a framework's ordinary teardown -- frees everything, as destroy does.
-// Limits: replays of a CUDA graph record no event here, so a hung replay looks idle (freed, as
-// before this check); an event last recorded under capture cannot be queried and counts as
-// idle too, or every teardown after a capture would keep its memory.
+// A replay of a captured launch records serial_ as it ends, so a hung replay counts as work in
+// flight too.
 void DeviceEngine::noteAbort() {
   launchesAtAbort_ = launches_.load(std::memory_order_acquire);
   bool busy = true;                                          // a launch under way: keep
@@ -170,8 +171,7 @@ void DeviceEngine::noteAbort() {
         if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError();
         return e == cudaErrorNotReady;
       };
-      busy = !kernelError().ok() || pending(done_);
-      for (auto& [st, ev] : directDone_) busy = busy || pending(ev);
+      busy = !kernelError().ok() || pending(done_) || pending(serial_);
       cudaThreadExchangeStreamCaptureMode(&mode);  // back to the caller's
     }
   }
@@ -196,7 +196,7 @@ Status DeviceEngine::init() {
     stream_ = s;
   }
   auto s = static_cast<cudaStream_t>(stream_);
-  for (void** ev : {&entry_, &done_}) {
+  for (void** ev : {&entry_, &done_, &serial_}) {
     if (*ev) continue;
     cudaEvent_t e;
     TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
@@ -617,7 +617,42 @@ Status DeviceEngine::enter(bool grouped) {
   for (void* s : streams_) TUTTI_TRY(enterStream(s, grouped, direct, &follower));
   if (direct && !follower) target_ = streams_[0];
   entered_ = true;
-  return Status::Ok();
+  return orderAfterLast();
+}
+
+// The target stream waits for this communicator's last launch (serial_) unless stream order
+// already gives that: the same stream as the last launch, in the same capture or outside any,
+// and no launch ever captured. One query per operation (legal in a capture); the wait only
+// where needed. Copies alone (one rank) touch no FIFO and need no order.
+// NCCL_GRAPH_MIXING_SUPPORT=0 (as in NCCL): captured launches add no event nodes to the graph,
+// and the caller promises that replays and other calls of the communicator never overlap.
+Status DeviceEngine::orderAfterLast() {
+  capture_ = Capture::kNone;
+  if (plan_.launches.empty()) return Status::Ok();
+  auto target = static_cast<cudaStream_t>(target_);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  TUTTI_TRY(cudaCheck("cudaStreamGetCaptureInfo", cudaStreamGetCaptureInfo(target, &status, &id)));
+  auto serial = static_cast<cudaEvent_t>(serial_);
+  const void* last = lastTarget_;
+  const unsigned long long lastCapture = lastCapture_;
+  lastCapture_ = status == cudaStreamCaptureStatusNone ? 0 : id;
+  if (status != cudaStreamCaptureStatusNone) {
+    if (!graphMixing_) {
+      capture_ = Capture::kUnordered;
+      return Status::Ok();
+    }
+    // Into the graph: each replay waits for the launch before it (an external wait, once per
+    // capture and stream), and records serial_ as its kernels end (leave()).
+    capture_ = Capture::kOrdered;
+    capturedEver_ = true;
+    if (last == target_ && lastCapture == id) return Status::Ok();
+    return cudaCheck("cudaStreamWaitEvent (external, in a graph capture)",
+                     cudaStreamWaitEvent(target, serial, cudaEventWaitExternal));
+  }
+  if (!capturedEver_ && last == target_) return Status::Ok();
+  return cudaCheck("cudaStreamWaitEvent for this communicator's last launch",
+                   cudaStreamWaitEvent(target, serial, 0));
 }
 
 Status DeviceEngine::launch() {
@@ -670,35 +705,39 @@ Status DeviceEngine::leave() {
     if (st.ok() && !w.ok()) st = w;
   }
   following_.clear();
+  // serial_ marks the end of these kernels, for the next launch, the destructor and abort.
+  // Copies alone (one rank) use no memory of the engine's: no event, one CUDA call less.
+  Status r;
+  if (capture_ == Capture::kUnordered) {
+    lastTarget_ = nullptr;  // the next launch waits for the last one outside the graph
+  } else if (!plan_.launches.empty()) {
+    r = cudaCheck(
+        "cudaEventRecord",
+        cudaEventRecordWithFlags(
+            static_cast<cudaEvent_t>(serial_), static_cast<cudaStream_t>(target_),
+            capture_ == Capture::kOrdered ? cudaEventRecordExternal : cudaEventRecordDefault));
+    lastTarget_ = r.ok() ? target_ : nullptr;  // unknown: the next launch waits
+    if (st.ok()) st = r;
+  }
   if (target_ && target_ != stream_) {
-    // Launched on the caller's stream: stream order is the fence. An event marks the
-    // kernels' end for the destructor. Copies alone (one rank) use no memory of the engine's:
-    // no event, one CUDA call less per operation.
-    if (plan_.launches.empty()) {
-      clearPlan();
-      return Status::Ok();
-    }
-    auto it = std::find_if(directDone_.begin(), directDone_.end(),
-                           [&](const std::pair<void*, void*>& d) { return d.first == target_; });
-    if (it == directDone_.end()) {
-      cudaEvent_t e;
-      st = cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      if (st.ok()) it = directDone_.insert(directDone_.end(), {target_, e});
-    }
-    if (st.ok()) {
-      st = cudaCheck("cudaEventRecord", cudaEventRecord(static_cast<cudaEvent_t>(it->second),
-                                                        static_cast<cudaStream_t>(target_)));
-    }
+    // Launched on the caller's stream: stream order is the fence.
     clearPlan();
     return st;
   }
-  Status r = cudaCheck("cudaEventRecord", cudaEventRecord(static_cast<cudaEvent_t>(done_), own));
-  if (st.ok()) st = r;
+  // The caller's streams wait for the own stream. Outside a capture serial_ has just marked
+  // that point; a captured group needs a captured record (not an external one) to join them
+  // back, and copies alone recorded none.
+  void* joinEv = serial_;
+  if (capture_ != Capture::kNone || plan_.launches.empty()) {
+    joinEv = done_;
+    r = cudaCheck("cudaEventRecord", cudaEventRecord(static_cast<cudaEvent_t>(done_), own));
+    if (st.ok()) st = r;
+  }
   for (void* s : streams_) {
     if (!r.ok()) break;
     r = cudaCheck(
         "cudaStreamWaitEvent on the caller's stream",
-        cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(done_), 0));
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(joinEv), 0));
     if (st.ok()) st = r;
   }
   clearPlan();

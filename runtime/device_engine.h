@@ -83,10 +83,12 @@ class DeviceEngine {
     streams_.clear();
   }
   Status cudaCheck(const char* what, int err) const;
+  // Registers the peer processes of this host with runtime/peer_watch.h.
   void watchPeers();
-  void warnSharedGpuProcesses()
-      const;  // other processes' ranks on this GPU, no MPS: say so  // registers the peer processes
-              // of this host with runtime/peer_watch.h
+  // Other processes' ranks on this GPU and no MPS: says so.
+  void warnSharedGpuProcesses() const;
+  // Makes the target stream wait for this communicator's last launch where needed (serial_).
+  Status orderAfterLast();
 
   Comm& comm_;
   std::unique_ptr<Links> links_;
@@ -119,9 +121,21 @@ class DeviceEngine {
   void* target_ = nullptr;               // where the prepared group launches: a caller's or own
   std::vector<Entries::Ref> leading_;    // entries this rank leads, on the stream it launches on
   std::vector<Entries::Ref> following_;  // whose first launches where this rank joins back
-  // Caller streams this communicator launched on directly, each with an event recorded after
-  // its latest kernels (the destructor waits for them before freeing FIFOs).
-  std::vector<std::pair<void*, void*>> directDone_;
+  // Every launch of this communicator runs after the one before, wherever each was issued:
+  // a kernel reads its FIFO positions from GPU memory as it starts, so two in flight at once
+  // would claim the same steps. serial_ is recorded after each launch (under capture as an
+  // external node, so each replay of the graph records it too); a launch waits for it where
+  // stream order does not already give that: on another stream than the last launch's, in a
+  // capture, and after any capture (a replay may run between any two calls). The destructor
+  // and noteAbort wait for or query it: it marks the end of all this engine's kernels.
+  void* serial_ = nullptr;      // cudaEvent_t
+  void* lastTarget_ = nullptr;  // the stream of the last launch (nullptr: none, or unknown)
+  bool capturedEver_ = false;   // a launch of this communicator went into a graph
+  // Where the prepared group launches: no capture; a capture, serial_ in the graph; a capture
+  // without it (NCCL_GRAPH_MIXING_SUPPORT=0).
+  enum class Capture { kNone, kOrdered, kUnordered } capture_ = Capture::kNone;
+  unsigned long long lastCapture_ = 0;  // the capture the last launch went into; 0: none
+  bool graphMixing_ = true;             // NCCL_GRAPH_MIXING_SUPPORT
   // The watch on the peer processes of this host (runtime/peer_watch.h; 0: none), and the
   // peers it found gone, by rank (their pids), for the kernels' error messages.
   uint64_t watch_ = 0;

@@ -1,9 +1,13 @@
 #include "runtime/group.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "runtime/comm.h"
+#include "runtime/cuda_shim.h"
 #include "runtime/device_engine.h"
 #include "runtime/engine.h"
 #include "runtime/links.h"
@@ -121,6 +125,49 @@ Status runBatches(std::vector<Batch>& batches) {
   return first;
 }
 
+// A group's device work goes into one CUDA graph or into none. Streams that mix captured and
+// uncaptured ones, or two captures, would pull an uncaptured stream into a capture that never
+// joins it back (cudaStreamEndCapture then fails), or put eager kernels into a graph. Refused
+// before anything runs, as NCCL refuses it; the communicators stay usable. A group with one
+// stream asks nothing: the common case costs no query.
+std::string ptrText(const void* p) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+Status checkCaptures(const std::vector<Batch>& batches) {
+  std::vector<void*> seen;
+  unsigned long long firstId = 0;
+  for (const Batch& b : batches) {
+    for (const CollArgs& op : b.ops) {
+      if (!op.device || std::find(seen.begin(), seen.end(), op.stream) != seen.end()) continue;
+      seen.push_back(op.stream);
+    }
+  }
+  if (seen.size() < 2) return Status::Ok();
+  for (size_t i = 0; i < seen.size(); ++i) {
+    unsigned long long id = 0;
+    Status s = cuda::captureId(seen[i], &id);
+    if (!s.ok()) {
+      return Status(s.code(), "ncclGroupEnd: stream " + ptrText(seen[i]) + ": " + s.message());
+    }
+    if (i == 0) {
+      firstId = id;
+    } else if (id != firstId) {
+      auto what = [](unsigned long long c) {
+        return c ? "captured into graph capture " + std::to_string(c) : std::string("not captured");
+      };
+      return invalidUsage("ncclGroupEnd: the group's operations use stream " + ptrText(seen[0]) +
+                          " (" + what(firstId) + ") and stream " + ptrText(seen[i]) + " (" +
+                          what(id) +
+                          "): a group's streams must all be captured by the same graph or "
+                          "all not captured; nothing of the group ran");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status submit(Comm* comm, const CollArgs* ops, size_t n) {
@@ -180,6 +227,7 @@ Status end() {
     if (first.ok() && !s.ok()) first = s;
   }
   if (!batches.empty()) {
+    if (first.ok()) first = checkCaptures(batches);
     if (first.ok()) first = runBatches(batches);
     for (Batch& b : batches) {
       b.comm->unpin();

@@ -8,9 +8,11 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "collectives/matrix.h"
@@ -167,33 +169,54 @@ INSTANTIATE_TEST_SUITE_P(GpuProcesses, GpuPeerExit,
                            return std::string(i.index == 0 ? "Receiving" : "Sending");
                          });
 
+// What went wrong on the ranks' threads, reported on the test's own thread.
+struct RankFailures {
+  std::mutex mu;
+  std::vector<std::string> list;
+  void add(int r, const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    list.push_back("rank " + std::to_string(r) + ": " + what);
+  }
+  void report() {
+    for (const std::string& f : list) ADD_FAILURE() << f;
+  }
+};
+
 // Device buffers filled with v, one per rank.
 struct RankBuffers {
   std::vector<float*> bufs;
   size_t count;
+  std::vector<float*> staging;  // pinned, one per rank, made before any rank's thread runs
   RankBuffers(int n, size_t count) : count(count) {
     for (int r = 0; r < n; ++r) {
       float* p = nullptr;
       EXPECT_EQ(cudaMalloc(&p, count * sizeof(float)), cudaSuccess);
       bufs.push_back(p);
+      void* h = nullptr;
+      EXPECT_EQ(cudaMallocHost(&h, count * sizeof(float)), cudaSuccess);
+      staging.push_back(static_cast<float*>(h));
     }
   }
   ~RankBuffers() {
     for (float* p : bufs) cudaFree(p);
+    for (float* p : staging) cudaFreeHost(p);
   }
   // In stream order on the stream the operations use (a plain cudaMemcpy is not ordered with
-  // non-blocking streams, and may return before the bytes land).
+  // non-blocking streams, and may return before the bytes land), through pinned memory: a copy
+  // from pageable memory may wait for the whole GPU, where another rank's kernel may wait for
+  // this thread (it hung the first GPU run's matrix). cudaMallocHost and cudaFreeHost may
+  // too, so the staging is made and freed outside the ranks' threads.
   void fill(int r, float v, cudaStream_t s) {
-    std::vector<float> h(count, v);
-    EXPECT_EQ(cudaMemcpyAsync(bufs[size_t(r)], h.data(), count * 4, cudaMemcpyHostToDevice, s),
+    float* h = staging[size_t(r)];
+    for (size_t i = 0; i < count; ++i) h[i] = v;
+    EXPECT_EQ(cudaMemcpyAsync(bufs[size_t(r)], h, count * 4, cudaMemcpyHostToDevice, s),
               cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   }
   // "" or what differs from want.
   std::string check(int r, float want, cudaStream_t s) {
-    std::vector<float> h(count);
-    if (cudaMemcpyAsync(h.data(), bufs[size_t(r)], count * 4, cudaMemcpyDeviceToHost, s) !=
-            cudaSuccess ||
+    float* h = staging[size_t(r)];
+    if (cudaMemcpyAsync(h, bufs[size_t(r)], count * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
         cudaStreamSynchronize(s) != cudaSuccess)
       return "cudaMemcpy failed";
     for (size_t i = 0; i < count; ++i) {
@@ -264,6 +287,10 @@ TEST(GpuStreams, RanksOnThreadsSharingOneStreamWithoutAGroupComplete) {
 // collective. The exchange must not shift the others' group numbers (their entries would no
 // longer match: each rank led on the stream, behind another's kernel), and a rank called
 // between a sibling's enter and launch must not join the stream ahead of that sibling's kernel.
+// The four meet after the exchange: had rank 2 queued its next all-reduce on the shared stream
+// first, the exchange would queue behind that kernel, which waits for ranks 0 and 1's part,
+// which comes after their exchange -- a cycle the stream's order makes, whatever the library
+// does (the warning about a shared stream outside a group says so).
 TEST(GpuStreams, SendsAmongSomeRanksThenCollectivesOnOneSharedStreamComplete) {
   SKIP_WITHOUT_GPU();
   constexpr int n = 4;
@@ -273,6 +300,7 @@ TEST(GpuStreams, SendsAmongSomeRanksThenCollectivesOnOneSharedStreamComplete) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   RankBuffers b(n, 4096), got(n, 4096);
   for (int r = 0; r < n; ++r) b.fill(r, float(r + 1), stream);
+  ThreadBarrier barrier(n);
   onThreads(n, [&](int r) {
     ncclComm_t c = comms[size_t(r)];
     float* buf = b.bufs[size_t(r)];
@@ -283,6 +311,7 @@ TEST(GpuStreams, SendsAmongSomeRanksThenCollectivesOnOneSharedStreamComplete) {
       EXPECT_EQ(ncclRecv(got.bufs[size_t(r)], b.count, ncclFloat, 1 - r, c, stream), ncclSuccess);
       EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
     }
+    barrier.wait();
     for (int round = 0; round < 200; ++round) {  // all equal: the average keeps them
       EXPECT_EQ(ncclAllReduce(buf, buf, b.count, ncclFloat, ncclAvg, c, stream), ncclSuccess)
           << ncclGetLastError(c);
@@ -303,15 +332,11 @@ TEST(GpuGraphs, CapturedAllReduceGivesTheRightResultOnEveryReplay) {
   ScopedEnv timeout("TUTTI_TIMEOUT", "30");
   std::vector<ncclComm_t> comms = initThreads(n);
   RankBuffers b(n, 4096);
-  std::mutex mu;
-  std::vector<std::string> failures;
+  RankFailures failures;
   onThreads(n, [&](int r) {
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    auto fail = [&](const std::string& what) {
-      std::lock_guard<std::mutex> lock(mu);
-      failures.push_back("rank " + std::to_string(r) + ": " + what);
-    };
+    auto fail = [&](const std::string& what) { failures.add(r, what); };
     float* buf = b.bufs[size_t(r)];
     // Eager first: the links are made outside the capture.
     b.fill(r, 1.0f, s);
@@ -338,7 +363,151 @@ TEST(GpuGraphs, CapturedAllReduceGivesTheRightResultOnEveryReplay) {
     cudaStreamDestroy(s);
   });
   destroyAll(comms);
-  for (const std::string& f : failures) ADD_FAILURE() << f;
+  failures.report();
+}
+
+// One communicator's operations issued on two streams in turn, with nothing between them:
+// each kernel reads its FIFO positions as it starts, so the library must run them one after
+// another (a kernel that started while the one before still ran would claim the same steps:
+// wrong sums, a slot size error or a hang). Big enough that each runs a while.
+TEST(GpuStreams, OneCommunicatorsOperationsOnTwoStreamsRunInTurn) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 2, kOps = 12;
+  constexpr size_t kCount = size_t(1) << 20;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  std::vector<ncclComm_t> comms = initThreads(n);
+  std::vector<std::unique_ptr<RankBuffers>> in, out;
+  for (int i = 0; i < kOps; ++i) {
+    in.push_back(std::make_unique<RankBuffers>(n, kCount));
+    out.push_back(std::make_unique<RankBuffers>(n, kCount));
+  }
+  RankFailures failures;
+  onThreads(n, [&](int r) {
+    auto fail = [&](const std::string& what) { failures.add(r, what); };
+    ncclComm_t c = comms[size_t(r)];
+    cudaStream_t s[2];
+    for (cudaStream_t& x : s) cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking);
+    for (int i = 0; i < kOps; ++i) in[size_t(i)]->fill(r, float((r + 1) * (i + 1)), s[0]);
+    for (int i = 0; i < kOps; ++i) {
+      if (ncclAllReduce(in[size_t(i)]->bufs[size_t(r)], out[size_t(i)]->bufs[size_t(r)], kCount,
+                        ncclFloat, ncclSum, c, s[i % 2]) != ncclSuccess)
+        return fail("operation " + std::to_string(i) + ": " + ncclGetLastError(c));
+    }
+    for (cudaStream_t x : s) {
+      if (cudaStreamSynchronize(x) != cudaSuccess) fail("cudaStreamSynchronize");
+    }
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(c, &async);
+    if (async != ncclSuccess) fail(std::string("async error: ") + ncclGetLastError(c));
+    for (int i = 0; i < kOps; ++i) {
+      std::string bad = out[size_t(i)]->check(r, float(3 * (i + 1)), s[0]);
+      if (!bad.empty()) fail("operation " + std::to_string(i) + ": " + bad);
+    }
+    for (cudaStream_t x : s) cudaStreamDestroy(x);
+  });
+  destroyAll(comms);
+  failures.report();
+}
+
+// A captured all-reduce replayed on one stream while eager all-reduces of the same
+// communicator go to another, nothing between them (NCCL supports this mix): each replay
+// waits for the launch before it and the next launch waits for it.
+TEST(GpuGraphs, ReplaysAndEagerCallsOnAnotherStreamTakeTurns) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 2, kRounds = 8;
+  constexpr size_t kCount = size_t(1) << 20;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  std::vector<ncclComm_t> comms = initThreads(n);
+  RankBuffers a(n, kCount), b(n, kCount), c(n, kCount), d(n, kCount);
+  RankFailures failures;
+  onThreads(n, [&](int r) {
+    auto fail = [&](const std::string& what) { failures.add(r, what); };
+    ncclComm_t comm = comms[size_t(r)];
+    cudaStream_t g, e;
+    cudaStreamCreateWithFlags(&g, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&e, cudaStreamNonBlocking);
+    a.fill(r, float(r + 1), g);
+    c.fill(r, float(10 * (r + 1)), e);
+    const size_t ri = size_t(r);
+    if (ncclAllReduce(c.bufs[ri], d.bufs[ri], kCount, ncclFloat, ncclSum, comm, e) != ncclSuccess)
+      return fail(std::string("eager: ") + ncclGetLastError(comm));
+    cudaStreamSynchronize(e);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    if (cudaStreamBeginCapture(g, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+      return fail("cudaStreamBeginCapture");
+    ncclResult_t res = ncclAllReduce(a.bufs[ri], b.bufs[ri], kCount, ncclFloat, ncclSum, comm, g);
+    if (cudaStreamEndCapture(g, &graph) != cudaSuccess || res != ncclSuccess)
+      return fail(std::string("capture: ") + ncclGetLastError(comm));
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return fail("instantiate");
+    for (int k = 0; k < kRounds; ++k) {
+      if (cudaGraphLaunch(exec, g) != cudaSuccess) return fail("replay " + std::to_string(k));
+      if (ncclAllReduce(c.bufs[ri], d.bufs[ri], kCount, ncclFloat, ncclSum, comm, e) != ncclSuccess)
+        return fail("eager " + std::to_string(k) + ": " + ncclGetLastError(comm));
+    }
+    if (cudaStreamSynchronize(g) != cudaSuccess || cudaStreamSynchronize(e) != cudaSuccess)
+      fail("cudaStreamSynchronize");
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
+    if (async != ncclSuccess) fail(std::string("async error: ") + ncclGetLastError(comm));
+    for (auto [buf, want] : {std::pair<RankBuffers*, float>{&b, 3.0f}, {&d, 30.0f}}) {
+      std::string bad = buf->check(r, want, e);
+      if (!bad.empty()) fail(bad);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(g);
+    cudaStreamDestroy(e);
+  });
+  destroyAll(comms);
+  failures.report();
+}
+
+// A group whose streams mix a capturing one and one that is not is refused before anything
+// runs (its kernels would go half into a graph), with a message; the communicator goes on.
+TEST(GpuGraphs, AGroupMixingCapturedAndUncapturedStreamsIsRefused) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 2;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  std::vector<ncclComm_t> comms = initThreads(n);
+  RankBuffers b(n, 4096), other(n, 4096);
+  RankFailures failures;
+  onThreads(n, [&](int r) {
+    auto fail = [&](const std::string& what) { failures.add(r, what); };
+    ncclComm_t comm = comms[size_t(r)];
+    const size_t ri = size_t(r);
+    cudaStream_t cap, eager;
+    cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&eager, cudaStreamNonBlocking);
+    b.fill(r, 1.0f, eager);
+    other.fill(r, 1.0f, eager);
+    if (cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+      return fail("cudaStreamBeginCapture");
+    ncclGroupStart();
+    ncclAllReduce(b.bufs[ri], b.bufs[ri], b.count, ncclFloat, ncclSum, comm, cap);
+    ncclAllReduce(other.bufs[ri], other.bufs[ri], b.count, ncclFloat, ncclSum, comm, eager);
+    const ncclResult_t res = ncclGroupEnd();
+    const std::string msg = ncclGetLastError(comm);
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(cap, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    if (res != ncclInvalidUsage) fail("the mixed group returned " + std::to_string(res));
+    if (msg.find("captured") == std::string::npos) fail("message: " + msg);
+    // Nothing ran, and the communicator still works.
+    if (ncclAllReduce(b.bufs[ri], b.bufs[ri], b.count, ncclFloat, ncclSum, comm, eager) !=
+        ncclSuccess)
+      return fail(std::string("after the refusal: ") + ncclGetLastError(comm));
+    cudaStreamSynchronize(eager);
+    for (auto [buf, want] : {std::pair<RankBuffers*, float>{&b, 2.0f}, {&other, 1.0f}}) {
+      std::string bad = buf->check(r, want, eager);
+      if (!bad.empty()) fail(bad);
+    }
+    cudaStreamDestroy(cap);
+    cudaStreamDestroy(eager);
+  });
+  destroyAll(comms);
+  failures.report();
 }
 
 // Two ranks on threads that all-reduce once together (so their links exist); then rank 0
@@ -376,7 +545,9 @@ TEST(GpuAbort, AbortEndsAKernelWhosePeerNeverArrives) {
   const double start = now();
   EXPECT_EQ(ncclCommAbort(t.comms[0]), ncclSuccess);
   EXPECT_LT(secondsSince(start), 10.0);
+  // The kernel itself stopped at the abort, not at the 30 s deadline.
   EXPECT_EQ(cudaStreamSynchronize(t.streams[0]), cudaSuccess);
+  EXPECT_LT(secondsSince(start), 10.0);
   int count = 0;
   EXPECT_EQ(ncclCommCount(t.comms[0], &count), ncclInvalidArgument);
   ncclCommAbort(t.comms[1]);
