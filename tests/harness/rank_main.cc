@@ -10,9 +10,10 @@
 //   peerexit-device  2 ranks on GPU buffers: one all-reduce together, then rank 1 exits
 //                (status 0, so tutti-run lets rank 0 go on) while rank 0's next kernel waits
 //                for it: prints "device survivor: ..." and exits 0 when that kernel stopped
-//                with ncclRemoteError naming rank 1's exit, else 1. 4 KiB: rank 0 waits to
-//                receive, on its own FIFO; peerexit-device-big: 64 MiB, more than a FIFO
-//                holds, so rank 0 also waits to send, on the FIFO in rank 1's memory
+//                with ncclRemoteError naming rank 1's exit, else 1. peerexit-device: a 4 KiB
+//                all-reduce, so rank 0 waits to receive, on its own FIFO; peerexit-device-big:
+//                a 64 MiB ncclSend that rank 1 never receives, more than a FIFO holds, so rank
+//                0 waits for credit from the FIFO in rank 1's memory (over CUDA IPC)
 //   readonly     2 ranks: rank 0 broadcasts 4 MiB into memory rank 1 may only read (shm
 //                single copy fails there): prints "readonly: <result>: <message>" and exits 0
 //                when the broadcast failed, 1 when it did not
@@ -119,7 +120,8 @@ int main(int argc, char** argv) {
   }
   if (mode == "peerexit-device" || mode == "peerexit-device-big") {
 #ifdef TUTTI_HAVE_CUDA
-    const size_t count = mode == "peerexit-device" ? 1024 : (16u << 20);
+    const bool big = mode == "peerexit-device-big";
+    const size_t count = big ? (16u << 20) : 1024;
     cudaStream_t s = nullptr;
     float* d = nullptr;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
@@ -128,7 +130,8 @@ int main(int argc, char** argv) {
       fprintf(stderr, "CUDA set-up failed\n");
       return 1;
     }
-    if (ncclAllReduce(d, d, count, ncclFloat, ncclSum, comm, s) != ncclSuccess ||
+    // Small: it makes every channel's ring links, the send link to rank 1 among them.
+    if (ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, s) != ncclSuccess ||
         cudaStreamSynchronize(s) != cudaSuccess) {
       return failWith("the first all-reduce", comm);
     }
@@ -136,7 +139,8 @@ int main(int argc, char** argv) {
       sleep(1);  // rank 0's next kernel waits for this rank by then
       _exit(0);
     }
-    const ncclResult_t r = ncclAllReduce(d, d, count, ncclFloat, ncclSum, comm, s);
+    const ncclResult_t r = big ? ncclSend(d, count, ncclFloat, 1, comm, s)
+                               : ncclAllReduce(d, d, count, ncclFloat, ncclSum, comm, s);
     const cudaError_t e = cudaStreamSynchronize(s);
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm, &async);
