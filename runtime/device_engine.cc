@@ -123,7 +123,7 @@ DeviceEngine::~DeviceEngine() {
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
     if (serial_) cudaEventSynchronize(static_cast<cudaEvent_t>(serial_));  // the last launch
     comm_.setDeviceAbortWord(nullptr);
-    for (void* ev : {entry_, done_, serial_}) {
+    for (void* ev : {entry_, done_, serial_, capEv_}) {
       if (ev) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
     }
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
@@ -196,7 +196,7 @@ Status DeviceEngine::init() {
     stream_ = s;
   }
   auto s = static_cast<cudaStream_t>(stream_);
-  for (void** ev : {&entry_, &done_, &serial_}) {
+  for (void** ev : {&entry_, &done_, &serial_, &capEv_}) {
     if (*ev) continue;
     cudaEvent_t e;
     TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
@@ -606,6 +606,8 @@ void DeviceEngine::releaseFollowers() {
 Status DeviceEngine::enter(bool grouped) {
   std::lock_guard<std::mutex> lock(mu_);
   target_ = stream_;
+  onCaller_ = false;
+  launched_ = false;
   entered_ = false;
   if (!ready_ || (plan_.launches.empty() && plan_.copies.empty())) return Status::Ok();
   DeviceGuard guard(comm_.cudaDev());
@@ -615,7 +617,10 @@ Status DeviceEngine::enter(bool grouped) {
   const bool direct = streams_.size() == 1;
   bool follower = false;
   for (void* s : streams_) TUTTI_TRY(enterStream(s, grouped, direct, &follower));
-  if (direct && !follower) target_ = streams_[0];
+  if (direct && !follower) {
+    target_ = streams_[0];  // may be the legacy default stream, nullptr
+    onCaller_ = true;
+  }
   entered_ = true;
   return orderAfterLast();
 }
@@ -623,7 +628,9 @@ Status DeviceEngine::enter(bool grouped) {
 // The target stream waits for this communicator's last launch (serial_) unless stream order
 // already gives that: the same stream as the last launch, in the same capture or outside any,
 // and no launch ever captured. One query per operation (legal in a capture); the wait only
-// where needed. Copies alone (one rank) touch no FIFO and need no order.
+// where needed. Copies alone (one rank) touch no FIFO and need no order. The default streams'
+// handles (0, cudaStreamLegacy, cudaStreamPerThread) never count as the same stream: the
+// per-thread one is another stream on each thread.
 // NCCL_GRAPH_MIXING_SUPPORT=0 (as in NCCL): captured launches add no event nodes to the graph,
 // and the caller promises that replays and other calls of the communicator never overlap.
 Status DeviceEngine::orderAfterLast() {
@@ -633,26 +640,55 @@ Status DeviceEngine::orderAfterLast() {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;
   TUTTI_TRY(cudaCheck("cudaStreamGetCaptureInfo", cudaStreamGetCaptureInfo(target, &status, &id)));
-  auto serial = static_cast<cudaEvent_t>(serial_);
-  const void* last = lastTarget_;
-  const unsigned long long lastCapture = lastCapture_;
-  lastCapture_ = status == cudaStreamCaptureStatusNone ? 0 : id;
-  if (status != cudaStreamCaptureStatusNone) {
-    if (!graphMixing_) {
-      capture_ = Capture::kUnordered;
-      return Status::Ok();
-    }
-    // Into the graph: each replay waits for the launch before it (an external wait, once per
-    // capture and stream), and records serial_ as its kernels end (leave()).
-    capture_ = Capture::kOrdered;
-    capturedEver_ = true;
-    if (last == target_ && lastCapture == id) return Status::Ok();
-    return cudaCheck("cudaStreamWaitEvent (external, in a graph capture)",
-                     cudaStreamWaitEvent(target, serial, cudaEventWaitExternal));
+  const bool sameStream =
+      lastKnown_ && lastTarget_ == target_ && reinterpret_cast<uintptr_t>(target_) > 2;
+  if (status == cudaStreamCaptureStatusNone) {
+    if (!capturedEver_ && sameStream && lastCapture_ == 0) return Status::Ok();
+    return cudaCheck("cudaStreamWaitEvent for this communicator's last launch",
+                     cudaStreamWaitEvent(target, static_cast<cudaEvent_t>(serial_), 0));
   }
-  if (!capturedEver_ && last == target_) return Status::Ok();
-  return cudaCheck("cudaStreamWaitEvent for this communicator's last launch",
-                   cudaStreamWaitEvent(target, serial, 0));
+  captureId_ = id;
+  if (!graphMixing_) {
+    capture_ = Capture::kUnordered;
+    return Status::Ok();
+  }
+  // Into the graph: each replay waits for the launch before it, and records serial_ as its
+  // kernels end (launch()). After a launch of this same capture: an edge from it, through
+  // capEv_ recorded there (nothing where stream order gives it); else an external wait.
+  capture_ = Capture::kOrdered;
+  capturedEver_ = true;
+  if (lastKnown_ && lastCapture_ == id) {
+    if (sameStream) return Status::Ok();
+    return cudaCheck("cudaStreamWaitEvent (in a graph capture)",
+                     cudaStreamWaitEvent(target, static_cast<cudaEvent_t>(capEv_), 0));
+  }
+  return cudaCheck(
+      "cudaStreamWaitEvent (external, in a graph capture)",
+      cudaStreamWaitEvent(target, static_cast<cudaEvent_t>(serial_), cudaEventWaitExternal));
+}
+
+// Right after the kernels are queued, before followers may queue behind them on a shared
+// stream: serial_ marks their end (for the next launch, the destructor and abort); in a
+// capture capEv_ too, for the next launch of the same capture.
+Status DeviceEngine::markLaunched() {
+  launched_ = true;
+  lastKnown_ = false;
+  if (plan_.launches.empty()) return Status::Ok();
+  if (capture_ == Capture::kUnordered) return Status::Ok();  // the next launch waits
+  auto target = static_cast<cudaStream_t>(target_);
+  const bool inGraph = capture_ == Capture::kOrdered;
+  Status r = cudaCheck(
+      "cudaEventRecord",
+      cudaEventRecordWithFlags(static_cast<cudaEvent_t>(serial_), target,
+                               inGraph ? cudaEventRecordExternal : cudaEventRecordDefault));
+  if (r.ok() && inGraph) {
+    r = cudaCheck("cudaEventRecord (in a graph capture)",
+                  cudaEventRecord(static_cast<cudaEvent_t>(capEv_), target));
+  }
+  lastKnown_ = r.ok();
+  lastTarget_ = target_;
+  lastCapture_ = inGraph ? captureId_ : 0;
+  return r;
 }
 
 Status DeviceEngine::launch() {
@@ -661,12 +697,14 @@ Status DeviceEngine::launch() {
   DeviceGuard guard(comm_.cudaDev());
   launches_.fetch_add(1, std::memory_order_acq_rel);  // before: noteAbort compares
   Status st = launchAll();
+  Status m = markLaunched();  // also after a failure: it covers what was queued
+  if (st.ok()) st = m;
   releaseFollowers();  // queued, or never will be
   return st;
 }
 
 Status DeviceEngine::launchAll() {
-  auto target = static_cast<cudaStream_t>(target_ ? target_ : stream_);
+  auto target = static_cast<cudaStream_t>(target_);
   size_t next = 0;  // copies go in plan order among the launches
   auto copiesBefore = [&](size_t launch) {
     for (; next < plan_.copies.size() && plan_.copies[next].beforeLaunch <= launch; ++next) {
@@ -705,30 +743,17 @@ Status DeviceEngine::leave() {
     if (st.ok() && !w.ok()) st = w;
   }
   following_.clear();
-  // serial_ marks the end of these kernels, for the next launch, the destructor and abort.
-  // Copies alone (one rank) use no memory of the engine's: no event, one CUDA call less.
-  Status r;
-  if (capture_ == Capture::kUnordered) {
-    lastTarget_ = nullptr;  // the next launch waits for the last one outside the graph
-  } else if (!plan_.launches.empty()) {
-    r = cudaCheck(
-        "cudaEventRecord",
-        cudaEventRecordWithFlags(
-            static_cast<cudaEvent_t>(serial_), static_cast<cudaStream_t>(target_),
-            capture_ == Capture::kOrdered ? cudaEventRecordExternal : cudaEventRecordDefault));
-    lastTarget_ = r.ok() ? target_ : nullptr;  // unknown: the next launch waits
-    if (st.ok()) st = r;
-  }
-  if (target_ && target_ != stream_) {
+  if (onCaller_) {
     // Launched on the caller's stream: stream order is the fence.
     clearPlan();
     return st;
   }
-  // The caller's streams wait for the own stream. Outside a capture serial_ has just marked
-  // that point; a captured group needs a captured record (not an external one) to join them
-  // back, and copies alone recorded none.
+  // The caller's streams wait for the own stream. Outside a capture serial_ marked that point
+  // as the kernels were queued; a captured group needs a captured record (not an external
+  // one) to join them back, and copies alone (or a launch that never ran) recorded none.
+  Status r;
   void* joinEv = serial_;
-  if (capture_ != Capture::kNone || plan_.launches.empty()) {
+  if (capture_ != Capture::kNone || plan_.launches.empty() || !launched_ || !lastKnown_) {
     joinEv = done_;
     r = cudaCheck("cudaEventRecord", cudaEventRecord(static_cast<cudaEvent_t>(done_), own));
     if (st.ok()) st = r;

@@ -89,6 +89,8 @@ class DeviceEngine {
   void warnSharedGpuProcesses() const;
   // Makes the target stream wait for this communicator's last launch where needed (serial_).
   Status orderAfterLast();
+  // After the prepared group's kernels are queued: serial_ (and capEv_ in a capture).
+  Status markLaunched();
 
   Comm& comm_;
   std::unique_ptr<Links> links_;
@@ -115,10 +117,10 @@ class DeviceEngine {
   int groupSiblings_ = 0;  // the siblings that take part in it
   bool entered_ = false;   // enter() made the prepared group's entries
   bool warnedShared_ = false;
-  devplan::Plan plan_;                   // the prepared group
-  std::vector<const void*> kernels_;     // one per plan_.launches
-  std::vector<void*> streams_;           // the distinct caller streams of the prepared group
-  void* target_ = nullptr;               // where the prepared group launches: a caller's or own
+  devplan::Plan plan_;                // the prepared group
+  std::vector<const void*> kernels_;  // one per plan_.launches
+  std::vector<void*> streams_;        // the distinct caller streams of the prepared group
+  void* target_ = nullptr;  // where the prepared group launches: a caller's (onCaller_) or own
   std::vector<Entries::Ref> leading_;    // entries this rank leads, on the stream it launches on
   std::vector<Entries::Ref> following_;  // whose first launches where this rank joins back
   // Every launch of this communicator runs after the one before, wherever each was issued:
@@ -128,13 +130,18 @@ class DeviceEngine {
   // stream order does not already give that: on another stream than the last launch's, in a
   // capture, and after any capture (a replay may run between any two calls). The destructor
   // and noteAbort wait for or query it: it marks the end of all this engine's kernels.
-  void* serial_ = nullptr;      // cudaEvent_t
-  void* lastTarget_ = nullptr;  // the stream of the last launch (nullptr: none, or unknown)
-  bool capturedEver_ = false;   // a launch of this communicator went into a graph
+  void* serial_ = nullptr;            // cudaEvent_t
+  void* capEv_ = nullptr;             // recorded in a capture after each launch into it (an edge)
+  void* lastTarget_ = nullptr;        // the stream of the last launch, where lastKnown_
+  bool lastKnown_ = false;            // the last launch recorded serial_ (else the next one waits)
+  bool capturedEver_ = false;         // a launch of this communicator went into a graph
+  unsigned long long captureId_ = 0;  // the capture the prepared group launches into
   // Where the prepared group launches: no capture; a capture, serial_ in the graph; a capture
   // without it (NCCL_GRAPH_MIXING_SUPPORT=0).
   enum class Capture { kNone, kOrdered, kUnordered } capture_ = Capture::kNone;
   unsigned long long lastCapture_ = 0;  // the capture the last launch went into; 0: none
+  bool onCaller_ = false;               // the prepared group launches on the caller's stream
+  bool launched_ = false;               // launch() ran for the prepared group
   bool graphMixing_ = true;             // NCCL_GRAPH_MIXING_SUPPORT
   // The watch on the peer processes of this host (runtime/peer_watch.h; 0: none), and the
   // peers it found gone, by rank (their pids), for the kernels' error messages.

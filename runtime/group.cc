@@ -125,44 +125,49 @@ Status runBatches(std::vector<Batch>& batches) {
   return first;
 }
 
-// A group's device work goes into one CUDA graph or into none. Streams that mix captured and
-// uncaptured ones, or two captures, would pull an uncaptured stream into a capture that never
-// joins it back (cudaStreamEndCapture then fails), or put eager kernels into a graph. Refused
-// before anything runs, as NCCL refuses it; the communicators stay usable. A group with one
-// stream asks nothing: the common case costs no query.
+// A communicator's device work in a group goes into one CUDA graph or into none. Its streams
+// mixing captured and uncaptured ones, or two captures, would pull an uncaptured stream into a
+// capture that never joins it back (cudaStreamEndCapture then fails), or put eager kernels
+// into a graph. Refused before anything runs; the communicator stays usable. Only a
+// communicator that uses two or more streams in the group is asked (nothing is allocated).
 std::string ptrText(const void* p) {
   char buf[32];
   snprintf(buf, sizeof buf, "%p", p);
   return buf;
 }
 
-Status checkCaptures(const std::vector<Batch>& batches) {
-  std::vector<void*> seen;
-  unsigned long long firstId = 0;
-  for (const Batch& b : batches) {
-    for (const CollArgs& op : b.ops) {
-      if (!op.device || std::find(seen.begin(), seen.end(), op.stream) != seen.end()) continue;
-      seen.push_back(op.stream);
-    }
+Status checkCaptures(const Batch& b) {
+  const CollArgs* first = nullptr;
+  bool several = false;
+  for (const CollArgs& op : b.ops) {
+    if (!op.device) continue;
+    if (!first) first = &op;
+    several |= op.stream != first->stream;
   }
-  if (seen.size() < 2) return Status::Ok();
-  for (size_t i = 0; i < seen.size(); ++i) {
+  if (!several) return Status::Ok();
+  const std::string who = "rank " + std::to_string(b.comm->rank()) + ": ncclGroupEnd: ";
+  unsigned long long firstId = 0;
+  for (size_t i = 0; i < b.ops.size(); ++i) {
+    const CollArgs& op = b.ops[i];
+    if (!op.device) continue;
+    bool asked = false;  // this stream already, for an earlier operation
+    for (size_t j = 0; j < i && !asked; ++j)
+      asked = b.ops[j].device && b.ops[j].stream == op.stream;
+    if (asked) continue;
     unsigned long long id = 0;
-    Status s = cuda::captureId(seen[i], &id);
-    if (!s.ok()) {
-      return Status(s.code(), "ncclGroupEnd: stream " + ptrText(seen[i]) + ": " + s.message());
-    }
-    if (i == 0) {
+    Status s = cuda::captureId(op.stream, &id);
+    if (!s.ok()) return Status(s.code(), who + "stream " + ptrText(op.stream) + ": " + s.message());
+    if (&op == first) {
       firstId = id;
     } else if (id != firstId) {
       auto what = [](unsigned long long c) {
         return c ? "captured into graph capture " + std::to_string(c) : std::string("not captured");
       };
-      return invalidUsage("ncclGroupEnd: the group's operations use stream " + ptrText(seen[0]) +
-                          " (" + what(firstId) + ") and stream " + ptrText(seen[i]) + " (" +
-                          what(id) +
-                          "): a group's streams must all be captured by the same graph or "
-                          "all not captured; nothing of the group ran");
+      return invalidUsage(who + "the communicator's operations use stream " +
+                          ptrText(first->stream) + " (" + what(firstId) + ") and stream " +
+                          ptrText(op.stream) + " (" + what(id) +
+                          "): one communicator's streams in a group must all be captured by "
+                          "the same graph or all not captured; nothing of the group ran");
     }
   }
   return Status::Ok();
@@ -227,7 +232,9 @@ Status end() {
     if (first.ok() && !s.ok()) first = s;
   }
   if (!batches.empty()) {
-    if (first.ok()) first = checkCaptures(batches);
+    for (const Batch& b : batches) {
+      if (first.ok()) first = checkCaptures(b);
+    }
     if (first.ok()) first = runBatches(batches);
     for (Batch& b : batches) {
       b.comm->unpin();

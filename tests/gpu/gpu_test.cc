@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -366,6 +367,18 @@ TEST(GpuGraphs, CapturedAllReduceGivesTheRightResultOnEveryReplay) {
   failures.report();
 }
 
+// No asynchronous error on the communicator, and each buffer of rank r holds its value.
+void expectResults(RankFailures& failures, int r, ncclComm_t comm, cudaStream_t s,
+                   std::initializer_list<std::pair<RankBuffers*, float>> want) {
+  ncclResult_t async = ncclSuccess;
+  ncclCommGetAsyncError(comm, &async);
+  if (async != ncclSuccess) failures.add(r, std::string("async error: ") + ncclGetLastError(comm));
+  for (auto [buf, value] : want) {
+    std::string bad = buf->check(r, value, s);
+    if (!bad.empty()) failures.add(r, bad);
+  }
+}
+
 // One communicator's operations issued on two streams in turn, with nothing between them:
 // each kernel reads its FIFO positions as it starts, so the library must run them one after
 // another (a kernel that started while the one before still ran would claim the same steps:
@@ -447,13 +460,7 @@ TEST(GpuGraphs, ReplaysAndEagerCallsOnAnotherStreamTakeTurns) {
     }
     if (cudaStreamSynchronize(g) != cudaSuccess || cudaStreamSynchronize(e) != cudaSuccess)
       fail("cudaStreamSynchronize");
-    ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(comm, &async);
-    if (async != ncclSuccess) fail(std::string("async error: ") + ncclGetLastError(comm));
-    for (auto [buf, want] : {std::pair<RankBuffers*, float>{&b, 3.0f}, {&d, 30.0f}}) {
-      std::string bad = buf->check(r, want, e);
-      if (!bad.empty()) fail(bad);
-    }
+    expectResults(failures, r, comm, e, {{&b, 3.0f}, {&d, 30.0f}});
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaStreamDestroy(g);
@@ -461,6 +468,103 @@ TEST(GpuGraphs, ReplaysAndEagerCallsOnAnotherStreamTakeTurns) {
   });
   destroyAll(comms);
   failures.report();
+}
+
+// Two branches of one capture (forked before either all-reduce, joined after both): nothing
+// in the graph orders the two kernels, so the library's own edge must, on every replay.
+TEST(GpuGraphs, TwoBranchesOfOneCaptureTakeTurns) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 2;
+  constexpr size_t kCount = size_t(1) << 20;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  std::vector<ncclComm_t> comms = initThreads(n);
+  RankBuffers a(n, kCount), b(n, kCount), c(n, kCount), d(n, kCount);
+  RankFailures failures;
+  onThreads(n, [&](int r) {
+    auto fail = [&](const std::string& what) { failures.add(r, what); };
+    ncclComm_t comm = comms[size_t(r)];
+    const size_t ri = size_t(r);
+    cudaStream_t g, g2;
+    cudaEvent_t fork, join;
+    cudaStreamCreateWithFlags(&g, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&g2, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
+    cudaEventCreateWithFlags(&join, cudaEventDisableTiming);
+    a.fill(r, float(r + 1), g);
+    c.fill(r, float(10 * (r + 1)), g);
+    // Eager first: the links are made outside the capture.
+    if (ncclAllReduce(a.bufs[ri], b.bufs[ri], kCount, ncclFloat, ncclSum, comm, g) != ncclSuccess)
+      return fail(std::string("eager: ") + ncclGetLastError(comm));
+    cudaStreamSynchronize(g);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    if (cudaStreamBeginCapture(g, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+      return fail("cudaStreamBeginCapture");
+    cudaEventRecord(fork, g);
+    cudaStreamWaitEvent(g2, fork, 0);
+    ncclResult_t r1 = ncclAllReduce(a.bufs[ri], b.bufs[ri], kCount, ncclFloat, ncclSum, comm, g);
+    ncclResult_t r2 = ncclAllReduce(c.bufs[ri], d.bufs[ri], kCount, ncclFloat, ncclSum, comm, g2);
+    cudaEventRecord(join, g2);
+    cudaStreamWaitEvent(g, join, 0);
+    if (cudaStreamEndCapture(g, &graph) != cudaSuccess || r1 != ncclSuccess || r2 != ncclSuccess)
+      return fail(std::string("capture: ") + ncclGetLastError(comm));
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return fail("instantiate");
+    for (int k = 0; k < 5; ++k) {
+      if (cudaGraphLaunch(exec, g) != cudaSuccess) return fail("replay " + std::to_string(k));
+    }
+    if (cudaStreamSynchronize(g) != cudaSuccess) fail("cudaStreamSynchronize");
+    expectResults(failures, r, comm, g, {{&b, 3.0f}, {&d, 30.0f}});
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaEventDestroy(fork);
+    cudaEventDestroy(join);
+    cudaStreamDestroy(g);
+    cudaStreamDestroy(g2);
+  });
+  destroyAll(comms);
+  failures.report();
+}
+
+// On the legacy default stream (0): the copies in, the all-reduces (two ranks driven from one
+// thread in a group, as ncclCommInitAll users do) and the copies out, queued with nothing
+// between them, run in that order (the first rank's kernel goes on stream 0 itself).
+TEST(GpuStreams, TheDefaultStreamOrdersCopiesAndCollectives) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 2;
+  constexpr size_t kCount = size_t(1) << 20;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  ncclComm_t comms[n];
+  int devs[n] = {0, 0};
+  ASSERT_EQ(ncclCommInitAll(comms, n, devs), ncclSuccess) << ncclGetLastError(nullptr);
+  RankBuffers b(n, kCount);
+  for (int round = 1; round <= 3; ++round) {
+    for (int r = 0; r < n; ++r) {
+      float* h = b.staging[size_t(r)];
+      for (size_t i = 0; i < kCount; ++i) h[i] = float(round * (r + 1));
+      ASSERT_EQ(cudaMemcpyAsync(b.bufs[size_t(r)], h, kCount * 4, cudaMemcpyHostToDevice, nullptr),
+                cudaSuccess);
+    }
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], kCount, ncclFloat, ncclSum,
+                              comms[r], nullptr),
+                ncclSuccess);
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(cudaMemcpyAsync(b.staging[size_t(r)], b.bufs[size_t(r)], kCount * 4,
+                                cudaMemcpyDeviceToHost, nullptr),
+                cudaSuccess);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+    for (int r = 0; r < n; ++r) {
+      const float* h = b.staging[size_t(r)];
+      for (size_t i = 0; i < kCount; ++i) {
+        ASSERT_EQ(h[i], float(3 * round)) << "rank " << r << " round " << round << " element " << i;
+      }
+    }
+  }
+  for (ncclComm_t c : comms) ncclCommDestroy(c);
 }
 
 // A group whose streams mix a capturing one and one that is not is refused before anything
