@@ -490,6 +490,8 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
 // Inside one group (runBatches) all entries come before any join, and nothing changes.
 // Nothing is queued on a stream under a lock the siblings share (runtime/stream_entries.h).
 namespace {
+bool isLegacyStream(const void* s) { return s == nullptr || s == cudaStreamLegacy; }
+
 std::mutex gPoolMu;
 std::map<int, std::vector<cudaEvent_t>> gFreeEvents;  // used ones, per GPU, for next entries
 
@@ -521,7 +523,8 @@ Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follo
     return st.ok() ? cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, e, 0)) : st;
   }
   const int dev = comm_.cudaDev();
-  const StreamEntryKey key{comm_.commHash(), dev, s, groupPos_};
+  // 0 and cudaStreamLegacy are one stream: one key.
+  const StreamEntryKey key{comm_.commHash(), dev, isLegacyStream(s) ? nullptr : s, groupPos_};
   Status made;
   auto make = [&](DeviceEvent* e) {
     e->device = dev;
@@ -614,11 +617,15 @@ Status DeviceEngine::enter(bool grouped) {
   if (siblings_ > 0) {
     gShared.entered(comm_.commHash(), comm_.cudaDev(), comm_.rank(), siblings_ + 1, groupPos_);
   }
-  const bool direct = streams_.size() == 1;
+  // Not on the legacy default stream itself: it and every blocking stream wait for each
+  // other's earlier work, so a kernel there and a sibling's on a blocking stream could each
+  // wait for the other. Its kernels go on the own stream, after an entry recorded on it, and
+  // it waits for them (as for a group on several streams).
+  const bool direct = streams_.size() == 1 && !isLegacyStream(streams_[0]);
   bool follower = false;
   for (void* s : streams_) TUTTI_TRY(enterStream(s, grouped, direct, &follower));
   if (direct && !follower) {
-    target_ = streams_[0];  // may be the legacy default stream, nullptr
+    target_ = streams_[0];
     onCaller_ = true;
   }
   entered_ = true;
@@ -631,8 +638,12 @@ Status DeviceEngine::enter(bool grouped) {
 // where needed. Copies alone (one rank) touch no FIFO and need no order. The default streams'
 // handles (0, cudaStreamLegacy, cudaStreamPerThread) never count as the same stream: the
 // per-thread one is another stream on each thread.
-// NCCL_GRAPH_MIXING_SUPPORT=0 (as in NCCL): captured launches add no event nodes to the graph,
-// and the caller promises that replays and other calls of the communicator never overlap.
+// In a capture: after a launch into the same capture, an edge from it (capEv_, recorded there;
+// nothing where stream order gives it); else an external wait for serial_, so each replay
+// waits for the launch before it (and records serial_ as its kernels end: markLaunched).
+// NCCL_GRAPH_MIXING_SUPPORT=0 (as in NCCL) leaves out the external nodes: the caller promises
+// that replays and other calls of the communicator never overlap. Launches within one graph
+// are still ordered.
 Status DeviceEngine::orderAfterLast() {
   capture_ = Capture::kNone;
   if (plan_.launches.empty()) return Status::Ok();
@@ -640,31 +651,46 @@ Status DeviceEngine::orderAfterLast() {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;
   TUTTI_TRY(cudaCheck("cudaStreamGetCaptureInfo", cudaStreamGetCaptureInfo(target, &status, &id)));
-  const bool sameStream =
-      lastKnown_ && lastTarget_ == target_ && reinterpret_cast<uintptr_t>(target_) > 2;
+  if (!onCaller_) TUTTI_TRY(checkOwnCapture(status, id));
+  const bool sameStream = lastTarget_ == target_ && reinterpret_cast<uintptr_t>(target_) > 2;
   if (status == cudaStreamCaptureStatusNone) {
-    if (!capturedEver_ && sameStream && lastCapture_ == 0) return Status::Ok();
+    if (!capturedEver_ && lastKnown_ && sameStream && lastCapture_ == 0) return Status::Ok();
     return cudaCheck("cudaStreamWaitEvent for this communicator's last launch",
                      cudaStreamWaitEvent(target, static_cast<cudaEvent_t>(serial_), 0));
   }
   captureId_ = id;
-  if (!graphMixing_) {
-    capture_ = Capture::kUnordered;
-    return Status::Ok();
-  }
-  // Into the graph: each replay waits for the launch before it, and records serial_ as its
-  // kernels end (launch()). After a launch of this same capture: an edge from it, through
-  // capEv_ recorded there (nothing where stream order gives it); else an external wait.
-  capture_ = Capture::kOrdered;
-  capturedEver_ = true;
-  if (lastKnown_ && lastCapture_ == id) {
-    if (sameStream) return Status::Ok();
+  capture_ = graphMixing_ ? Capture::kOrdered : Capture::kUnordered;
+  capturedEver_ = capturedEver_ || graphMixing_;
+  if (capEvCapture_ == id) {
+    if (sameStream && lastCapture_ == id) return Status::Ok();
     return cudaCheck("cudaStreamWaitEvent (in a graph capture)",
                      cudaStreamWaitEvent(target, static_cast<cudaEvent_t>(capEv_), 0));
   }
+  if (!graphMixing_) return Status::Ok();
   return cudaCheck(
       "cudaStreamWaitEvent (external, in a graph capture)",
       cudaStreamWaitEvent(target, static_cast<cudaEvent_t>(serial_), cudaEventWaitExternal));
+}
+
+// The own stream joins a capture by waiting for the caller's streams, and stays in it until
+// that capture ends. An eager group (or one for another capture) launched there meanwhile
+// would go into that graph: refused, naming the capture.
+Status DeviceEngine::checkOwnCapture(int ownStatus, unsigned long long ownId) const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  TUTTI_TRY(
+      cudaCheck("cudaStreamGetCaptureInfo",
+                cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(streams_[0]), &status, &id)));
+  const unsigned long long own = ownStatus == cudaStreamCaptureStatusNone ? 0 : ownId;
+  if (status == cudaStreamCaptureStatusNone) id = 0;
+  if (own == id) return Status::Ok();
+  return invalidUsage("rank " + std::to_string(comm_.rank()) +
+                      ": the communicator's own stream is still in graph capture " +
+                      std::to_string(own) +
+                      " (a group on several streams, or ranks sharing a stream, were captured "
+                      "there and the capture has not ended), and this operation's stream is " +
+                      (id ? "in capture " + std::to_string(id) : std::string("not captured")) +
+                      ": end that capture first");
 }
 
 // Right after the kernels are queued, before followers may queue behind them on a shared
@@ -672,22 +698,23 @@ Status DeviceEngine::orderAfterLast() {
 // capture capEv_ too, for the next launch of the same capture.
 Status DeviceEngine::markLaunched() {
   launched_ = true;
-  lastKnown_ = false;
-  if (plan_.launches.empty()) return Status::Ok();
-  if (capture_ == Capture::kUnordered) return Status::Ok();  // the next launch waits
+  if (plan_.launches.empty()) return Status::Ok();  // copies alone: serial_ still holds
   auto target = static_cast<cudaStream_t>(target_);
-  const bool inGraph = capture_ == Capture::kOrdered;
-  Status r = cudaCheck(
-      "cudaEventRecord",
-      cudaEventRecordWithFlags(static_cast<cudaEvent_t>(serial_), target,
-                               inGraph ? cudaEventRecordExternal : cudaEventRecordDefault));
-  if (r.ok() && inGraph) {
+  lastKnown_ = false;
+  lastTarget_ = target_;
+  lastCapture_ = capture_ == Capture::kNone ? 0 : captureId_;
+  Status r;
+  if (capture_ != Capture::kNone) {
     r = cudaCheck("cudaEventRecord (in a graph capture)",
                   cudaEventRecord(static_cast<cudaEvent_t>(capEv_), target));
+    capEvCapture_ = r.ok() ? captureId_ : 0;
+    if (!r.ok() || capture_ == Capture::kUnordered) return r;  // the next launch waits
   }
+  r = cudaCheck("cudaEventRecord",
+                cudaEventRecordWithFlags(static_cast<cudaEvent_t>(serial_), target,
+                                         capture_ == Capture::kOrdered ? cudaEventRecordExternal
+                                                                       : cudaEventRecordDefault));
   lastKnown_ = r.ok();
-  lastTarget_ = target_;
-  lastCapture_ = inGraph ? captureId_ : 0;
   return r;
 }
 

@@ -91,6 +91,8 @@ class DeviceEngine {
   Status orderAfterLast();
   // After the prepared group's kernels are queued: serial_ (and capEv_ in a capture).
   Status markLaunched();
+  // The own stream is in the capture (or none) of the caller's streams; else a clear refusal.
+  Status checkOwnCapture(int ownStatus, unsigned long long ownId) const;
 
   Comm& comm_;
   std::unique_ptr<Links> links_;
@@ -136,6 +138,7 @@ class DeviceEngine {
   bool lastKnown_ = false;            // the last launch recorded serial_ (else the next one waits)
   bool capturedEver_ = false;         // a launch of this communicator went into a graph
   unsigned long long captureId_ = 0;  // the capture the prepared group launches into
+  unsigned long long capEvCapture_ = 0;  // the capture capEv_ was last recorded in; 0: none
   // Where the prepared group launches: no capture; a capture, serial_ in the graph; a capture
   // without it (NCCL_GRAPH_MIXING_SUPPORT=0).
   enum class Capture { kNone, kOrdered, kUnordered } capture_ = Capture::kNone;

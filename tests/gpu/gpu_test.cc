@@ -471,12 +471,17 @@ TEST(GpuGraphs, ReplaysAndEagerCallsOnAnotherStreamTakeTurns) {
 }
 
 // Two branches of one capture (forked before either all-reduce, joined after both): nothing
-// in the graph orders the two kernels, so the library's own edge must, on every replay.
-TEST(GpuGraphs, TwoBranchesOfOneCaptureTakeTurns) {
+// in the graph orders the two kernels, so the library's own edge must, on every replay; also
+// with NCCL_GRAPH_MIXING_SUPPORT=0, which only leaves out the nodes that order the graph
+// against other calls.
+class GpuGraphBranches : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuGraphBranches, TwoBranchesOfOneCaptureTakeTurns) {
   SKIP_WITHOUT_GPU();
   constexpr int n = 2;
   constexpr size_t kCount = size_t(1) << 20;
   ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  ScopedEnv mixing("NCCL_GRAPH_MIXING_SUPPORT", GetParam());
   std::vector<ncclComm_t> comms = initThreads(n);
   RankBuffers a(n, kCount), b(n, kCount), c(n, kCount), d(n, kCount);
   RankFailures failures;
@@ -524,10 +529,15 @@ TEST(GpuGraphs, TwoBranchesOfOneCaptureTakeTurns) {
   destroyAll(comms);
   failures.report();
 }
+INSTANTIATE_TEST_SUITE_P(Mixing, GpuGraphBranches, ::testing::Values("1", "0"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.index == 0 ? "On" : "Off");
+                         });
 
 // On the legacy default stream (0): the copies in, the all-reduces (two ranks driven from one
 // thread in a group, as ncclCommInitAll users do) and the copies out, queued with nothing
-// between them, run in that order (the first rank's kernel goes on stream 0 itself).
+// between them, run in that order (the kernels go on the engines' own streams, after an entry
+// recorded on stream 0, and stream 0 waits for them).
 TEST(GpuStreams, TheDefaultStreamOrdersCopiesAndCollectives) {
   SKIP_WITHOUT_GPU();
   constexpr int n = 2;
@@ -565,6 +575,41 @@ TEST(GpuStreams, TheDefaultStreamOrdersCopiesAndCollectives) {
     }
   }
   for (ncclComm_t c : comms) ncclCommDestroy(c);
+}
+
+// One rank on the legacy default stream, the other on a blocking stream (cudaStreamCreate), in
+// one group: the legacy stream and blocking streams wait for each other's earlier work, so
+// kernels on both would each wait for the other; they must complete, round after round.
+TEST(GpuStreams, RanksOnTheDefaultStreamAndABlockingStreamInOneGroupComplete) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 2;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  ncclComm_t comms[n];
+  int devs[n] = {0, 0};
+  ASSERT_EQ(ncclCommInitAll(comms, n, devs), ncclSuccess) << ncclGetLastError(nullptr);
+  cudaStream_t blocking;
+  ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
+  const cudaStream_t streams[n] = {nullptr, blocking};
+  RankBuffers b(n, 4096);
+  for (int r = 0; r < n; ++r) b.fill(r, 1.0f, streams[r]);
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], b.count, ncclFloat, ncclSum,
+                              comms[r], streams[r]),
+                ncclSuccess);
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  }
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comms[r], &async);
+    EXPECT_EQ(async, ncclSuccess) << ncclGetLastError(comms[r]);
+    EXPECT_EQ(b.check(r, 8.0f, streams[r]), "");  // 2^3
+  }
+  for (ncclComm_t c : comms) ncclCommDestroy(c);
+  cudaStreamDestroy(blocking);
 }
 
 // A group whose streams mix a capturing one and one that is not is refused before anything
