@@ -171,7 +171,8 @@ void DeviceEngine::noteAbort() {
         if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError();
         return e == cudaErrorNotReady;
       };
-      busy = !kernelError().ok() || pending(done_) || pending(serial_);
+      // done_ last recorded in a capture that may still be open: a query would break it.
+      busy = !kernelError().ok() || (!doneCaptured_ && pending(done_)) || pending(serial_);
       cudaThreadExchangeStreamCaptureMode(&mode);  // back to the caller's
     }
   }
@@ -412,7 +413,7 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   const int r = comm_.rank();
   for (size_t i = 0; i < nops; ++i) {
     const CollArgs& op = ops[i];
-    void* s = op.stream;
+    void* s = op.stream == cudaStreamLegacy ? nullptr : op.stream;  // one stream, one handle
     if (std::find(streams_.begin(), streams_.end(), s) == streams_.end()) streams_.push_back(s);
     if (op.red.scalarPtr && !cuda::isDevicePointer(op.red.scalarPtr)) {
       return invalidUsage(std::string(op.name) +
@@ -523,8 +524,10 @@ Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follo
     return st.ok() ? cudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(own, e, 0)) : st;
   }
   const int dev = comm_.cudaDev();
-  // 0 and cudaStreamLegacy are one stream: one key.
-  const StreamEntryKey key{comm_.commHash(), dev, isLegacyStream(s) ? nullptr : s, groupPos_};
+  // cudaStreamPerThread is another stream on each thread: its key names the thread.
+  static thread_local char tPerThread;
+  const StreamEntryKey key{comm_.commHash(), dev, s == cudaStreamPerThread ? &tPerThread : s,
+                           groupPos_};
   Status made;
   auto make = [&](DeviceEvent* e) {
     e->device = dev;
@@ -542,6 +545,17 @@ Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follo
     e->event = ev;
     return made.ok();
   };
+  if (isLegacyStream(s) && !grouped && !warnedLegacy_) {
+    warnedLegacy_ = true;
+    TUTTI_WARN(
+        "rank %d passes the legacy default stream (0) outside a group while other ranks of its "
+        "communicator share GPU %d: stream 0 and blocking streams wait for each other's earlier "
+        "work, so a sibling's kernel queued on a blocking stream before this call would make "
+        "this rank's entry on stream 0 wait for it, and that kernel waits for this rank (a "
+        "deadlock). Give each rank a stream created with cudaStreamNonBlocking, or call them in "
+        "one ncclGroupStart/End",
+        comm_.rank(), dev);
+  }
   bool first = false;
   Entries::Ref entry = gShared.join(key, groupSiblings_, comm_.rank(), direct, make, &first);
   if (!entry) return made;
@@ -622,6 +636,9 @@ Status DeviceEngine::enter(bool grouped) {
   // wait for the other. Its kernels go on the own stream, after an entry recorded on it, and
   // it waits for them (as for a group on several streams).
   const bool direct = streams_.size() == 1 && !isLegacyStream(streams_[0]);
+  // Before any record or wait: the own stream, once it joined a capture, is in it until that
+  // capture ends; an eager group (or one for another capture) must not wait there.
+  if (ownJoinedCapture_ && (!direct || groupSiblings_ > 0)) TUTTI_TRY(checkOwnCapture());
   bool follower = false;
   for (void* s : streams_) TUTTI_TRY(enterStream(s, grouped, direct, &follower));
   if (direct && !follower) {
@@ -646,12 +663,16 @@ Status DeviceEngine::enter(bool grouped) {
 // are still ordered.
 Status DeviceEngine::orderAfterLast() {
   capture_ = Capture::kNone;
-  if (plan_.launches.empty()) return Status::Ok();
+  if (plan_.launches.empty() && onCaller_) return Status::Ok();
   auto target = static_cast<cudaStream_t>(target_);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;
   TUTTI_TRY(cudaCheck("cudaStreamGetCaptureInfo", cudaStreamGetCaptureInfo(target, &status, &id)));
-  if (!onCaller_) TUTTI_TRY(checkOwnCapture(status, id));
+  if (status != cudaStreamCaptureStatusNone && !onCaller_) ownJoinedCapture_ = true;
+  if (plan_.launches.empty()) {  // copies alone need no order; their join needs to know
+    if (status != cudaStreamCaptureStatusNone) capture_ = Capture::kUnordered;
+    return Status::Ok();
+  }
   const bool sameStream = lastTarget_ == target_ && reinterpret_cast<uintptr_t>(target_) > 2;
   if (status == cudaStreamCaptureStatusNone) {
     if (!capturedEver_ && lastKnown_ && sameStream && lastCapture_ == 0) return Status::Ok();
@@ -673,17 +694,21 @@ Status DeviceEngine::orderAfterLast() {
 }
 
 // The own stream joins a capture by waiting for the caller's streams, and stays in it until
-// that capture ends. An eager group (or one for another capture) launched there meanwhile
-// would go into that graph: refused, naming the capture.
-Status DeviceEngine::checkOwnCapture(int ownStatus, unsigned long long ownId) const {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  unsigned long long id = 0;
-  TUTTI_TRY(
-      cudaCheck("cudaStreamGetCaptureInfo",
-                cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(streams_[0]), &status, &id)));
-  const unsigned long long own = ownStatus == cudaStreamCaptureStatusNone ? 0 : ownId;
-  if (status == cudaStreamCaptureStatusNone) id = 0;
-  if (own == id) return Status::Ok();
+// that capture ends. An eager group (or one for another capture) made to wait there would
+// break that capture: refused, naming it, before anything is recorded. Asked only once the own
+// stream has joined a capture.
+Status DeviceEngine::checkOwnCapture() const {
+  auto idOf = [this](void* stream, unsigned long long* id) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    Status st = cudaCheck("cudaStreamGetCaptureInfo",
+                          cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &status, id));
+    if (status == cudaStreamCaptureStatusNone) *id = 0;
+    return st;
+  };
+  unsigned long long own = 0, id = 0;
+  TUTTI_TRY(idOf(stream_, &own));
+  TUTTI_TRY(idOf(streams_[0], &id));
+  if (own == 0 || own == id) return Status::Ok();
   return invalidUsage("rank " + std::to_string(comm_.rank()) +
                       ": the communicator's own stream is still in graph capture " +
                       std::to_string(own) +
@@ -704,17 +729,22 @@ Status DeviceEngine::markLaunched() {
   lastTarget_ = target_;
   lastCapture_ = capture_ == Capture::kNone ? 0 : captureId_;
   Status r;
-  if (capture_ != Capture::kNone) {
+  // serial_ first: in a capture, capEv_ then follows its external record, so the next launch
+  // of the capture comes after it and the graph's records of serial_ form one chain (an eager
+  // wait after a replay waits for the last).
+  if (capture_ != Capture::kUnordered) {
+    r = cudaCheck("cudaEventRecord",
+                  cudaEventRecordWithFlags(static_cast<cudaEvent_t>(serial_), target,
+                                           capture_ == Capture::kOrdered ? cudaEventRecordExternal
+                                                                         : cudaEventRecordDefault));
+    lastKnown_ = r.ok() && capture_ == Capture::kNone;
+  }
+  if (r.ok() && capture_ != Capture::kNone) {
     r = cudaCheck("cudaEventRecord (in a graph capture)",
                   cudaEventRecord(static_cast<cudaEvent_t>(capEv_), target));
     capEvCapture_ = r.ok() ? captureId_ : 0;
-    if (!r.ok() || capture_ == Capture::kUnordered) return r;  // the next launch waits
+    lastKnown_ = r.ok();
   }
-  r = cudaCheck("cudaEventRecord",
-                cudaEventRecordWithFlags(static_cast<cudaEvent_t>(serial_), target,
-                                         capture_ == Capture::kOrdered ? cudaEventRecordExternal
-                                                                       : cudaEventRecordDefault));
-  lastKnown_ = r.ok();
   return r;
 }
 
@@ -783,6 +813,7 @@ Status DeviceEngine::leave() {
   if (capture_ != Capture::kNone || plan_.launches.empty() || !launched_ || !lastKnown_) {
     joinEv = done_;
     r = cudaCheck("cudaEventRecord", cudaEventRecord(static_cast<cudaEvent_t>(done_), own));
+    doneCaptured_ = capture_ != Capture::kNone;
     if (st.ok()) st = r;
   }
   for (void* s : streams_) {

@@ -92,7 +92,7 @@ class DeviceEngine {
   // After the prepared group's kernels are queued: serial_ (and capEv_ in a capture).
   Status markLaunched();
   // The own stream is in the capture (or none) of the caller's streams; else a clear refusal.
-  Status checkOwnCapture(int ownStatus, unsigned long long ownId) const;
+  Status checkOwnCapture() const;
 
   Comm& comm_;
   std::unique_ptr<Links> links_;
@@ -119,9 +119,12 @@ class DeviceEngine {
   int groupSiblings_ = 0;  // the siblings that take part in it
   bool entered_ = false;   // enter() made the prepared group's entries
   bool warnedShared_ = false;
-  devplan::Plan plan_;                // the prepared group
-  std::vector<const void*> kernels_;  // one per plan_.launches
-  std::vector<void*> streams_;        // the distinct caller streams of the prepared group
+  bool warnedLegacy_ = false;              // stream 0 outside a group with siblings: said once
+  bool ownJoinedCapture_ = false;          // the own stream waited for a capturing stream once
+  std::atomic<bool> doneCaptured_{false};  // done_'s last record was in a capture
+  devplan::Plan plan_;                     // the prepared group
+  std::vector<const void*> kernels_;       // one per plan_.launches
+  std::vector<void*> streams_;             // the distinct caller streams of the prepared group
   void* target_ = nullptr;  // where the prepared group launches: a caller's (onCaller_) or own
   std::vector<Entries::Ref> leading_;    // entries this rank leads, on the stream it launches on
   std::vector<Entries::Ref> following_;  // whose first launches where this rank joins back

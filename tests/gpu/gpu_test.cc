@@ -483,13 +483,16 @@ TEST_P(GpuGraphBranches, TwoBranchesOfOneCaptureTakeTurns) {
   ScopedEnv timeout("TUTTI_TIMEOUT", "30");
   ScopedEnv mixing("NCCL_GRAPH_MIXING_SUPPORT", GetParam());
   std::vector<ncclComm_t> comms = initThreads(n);
-  RankBuffers a(n, kCount), b(n, kCount), c(n, kCount), d(n, kCount);
+  RankBuffers a(n, kCount), b(n, kCount), c(n, kCount), d(n, kCount), e(n, kCount), f(n, kCount);
+  const bool mixed = std::string(GetParam()) == "1";
   RankFailures failures;
   onThreads(n, [&](int r) {
     auto fail = [&](const std::string& what) { failures.add(r, what); };
     ncclComm_t comm = comms[size_t(r)];
     const size_t ri = size_t(r);
-    cudaStream_t g, g2;
+    cudaStream_t g, g2, s3;
+    cudaStreamCreateWithFlags(&s3, cudaStreamNonBlocking);
+    e.fill(r, float(100 * (r + 1)), s3);
     cudaEvent_t fork, join;
     cudaStreamCreateWithFlags(&g, cudaStreamNonBlocking);
     cudaStreamCreateWithFlags(&g2, cudaStreamNonBlocking);
@@ -514,17 +517,25 @@ TEST_P(GpuGraphBranches, TwoBranchesOfOneCaptureTakeTurns) {
     if (cudaStreamEndCapture(g, &graph) != cudaSuccess || r1 != ncclSuccess || r2 != ncclSuccess)
       return fail(std::string("capture: ") + ncclGetLastError(comm));
     if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return fail("instantiate");
+    // With mixing on, an eager all-reduce on a third stream between the replays takes its turn
+    // after each replay's last kernel, whichever branch that was.
     for (int k = 0; k < 5; ++k) {
       if (cudaGraphLaunch(exec, g) != cudaSuccess) return fail("replay " + std::to_string(k));
+      if (mixed && ncclAllReduce(e.bufs[ri], f.bufs[ri], kCount, ncclFloat, ncclSum, comm, s3) !=
+                       ncclSuccess)
+        return fail(std::string("eager: ") + ncclGetLastError(comm));
     }
-    if (cudaStreamSynchronize(g) != cudaSuccess) fail("cudaStreamSynchronize");
+    if (cudaStreamSynchronize(g) != cudaSuccess || cudaStreamSynchronize(s3) != cudaSuccess)
+      fail("cudaStreamSynchronize");
     expectResults(failures, r, comm, g, {{&b, 3.0f}, {&d, 30.0f}});
+    if (mixed) expectResults(failures, r, comm, g, {{&f, 300.0f}});
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaEventDestroy(fork);
     cudaEventDestroy(join);
     cudaStreamDestroy(g);
     cudaStreamDestroy(g2);
+    cudaStreamDestroy(s3);
   });
   destroyAll(comms);
   failures.report();
@@ -575,6 +586,42 @@ TEST(GpuStreams, TheDefaultStreamOrdersCopiesAndCollectives) {
     }
   }
   for (ncclComm_t c : comms) ncclCommDestroy(c);
+}
+
+// Rank threads that each pass cudaStreamPerThread pass different streams under one handle:
+// each rank's all-reduce starts after its own thread's copy in, and its copy out after it.
+TEST(GpuStreams, RanksOnTheirPerThreadStreamsKeepTheirOwnOrder) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 2;
+  constexpr size_t kCount = size_t(1) << 20;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  std::vector<ncclComm_t> comms = initThreads(n);
+  RankBuffers b(n, kCount);
+  RankFailures failures;
+  onThreads(n, [&](int r) {
+    auto fail = [&](const std::string& what) { failures.add(r, what); };
+    ncclComm_t comm = comms[size_t(r)];
+    const size_t ri = size_t(r);
+    float* h = b.staging[ri];
+    for (int round = 1; round <= 3; ++round) {
+      for (size_t i = 0; i < kCount; ++i) h[i] = float(round * (r + 1));
+      cudaMemcpyAsync(b.bufs[ri], h, kCount * 4, cudaMemcpyHostToDevice, cudaStreamPerThread);
+      if (ncclAllReduce(b.bufs[ri], b.bufs[ri], kCount, ncclFloat, ncclSum, comm,
+                        cudaStreamPerThread) != ncclSuccess)
+        return fail(std::string("all-reduce: ") + ncclGetLastError(comm));
+      cudaMemcpyAsync(h, b.bufs[ri], kCount * 4, cudaMemcpyDeviceToHost, cudaStreamPerThread);
+      if (cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess)
+        return fail("cudaStreamSynchronize");
+      for (size_t i = 0; i < kCount; ++i) {
+        if (h[i] != float(3 * round)) {
+          return fail("round " + std::to_string(round) + " element " + std::to_string(i) + ": " +
+                      std::to_string(h[i]) + ", expected " + std::to_string(3 * round));
+        }
+      }
+    }
+  });
+  destroyAll(comms);
+  failures.report();
 }
 
 // One rank on the legacy default stream, the other on a blocking stream (cudaStreamCreate), in
