@@ -548,12 +548,12 @@ Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follo
   if (isLegacyStream(s) && !grouped && !warnedLegacy_) {
     warnedLegacy_ = true;
     TUTTI_WARN(
-        "rank %d passes the legacy default stream (0) outside a group while other ranks of its "
-        "communicator share GPU %d: stream 0 and blocking streams wait for each other's earlier "
-        "work, so a sibling's kernel queued on a blocking stream before this call would make "
-        "this rank's entry on stream 0 wait for it, and that kernel waits for this rank (a "
-        "deadlock). Give each rank a stream created with cudaStreamNonBlocking, or call them in "
-        "one ncclGroupStart/End",
+        "rank %d passes the legacy default stream (0), not in one group with the other ranks of "
+        "its communicator that share GPU %d: stream 0 and blocking streams wait for each "
+        "other's earlier work, so a sibling's kernel queued on a blocking stream before this "
+        "call would make this rank's entry on stream 0 wait for it, and that kernel waits for "
+        "this rank (a deadlock). Give each rank a stream created with cudaStreamNonBlocking, or "
+        "call them in one ncclGroupStart/End",
         comm_.rank(), dev);
   }
   bool first = false;
@@ -640,7 +640,14 @@ Status DeviceEngine::enter(bool grouped) {
   // capture ends; an eager group (or one for another capture) must not wait there.
   if (ownJoinedCapture_ && (!direct || groupSiblings_ > 0)) TUTTI_TRY(checkOwnCapture());
   bool follower = false;
-  for (void* s : streams_) TUTTI_TRY(enterStream(s, grouped, direct, &follower));
+  for (void* s : streams_) {
+    Status st = enterStream(s, grouped, direct, &follower);
+    if (!st.ok()) {
+      // The own stream may have joined a capture before the failure: check from now on.
+      if (!direct || groupSiblings_ > 0) ownJoinedCapture_ = true;
+      return st;
+    }
+  }
   if (direct && !follower) {
     target_ = streams_[0];
     onCaller_ = true;
@@ -728,6 +735,7 @@ Status DeviceEngine::markLaunched() {
   lastKnown_ = false;
   lastTarget_ = target_;
   lastCapture_ = capture_ == Capture::kNone ? 0 : captureId_;
+  if (capture_ != Capture::kNone) capEvCapture_ = 0;  // until capEv_ is recorded below
   Status r;
   // serial_ first: in a capture, capEv_ then follows its external record, so the next launch
   // of the capture comes after it and the graph's records of serial_ form one chain (an eager
