@@ -125,16 +125,18 @@ Status runBatches(std::vector<Batch>& batches) {
   return first;
 }
 
-// A communicator's device work in a group goes into one CUDA graph or into none. Its streams
-// mixing captured and uncaptured ones, or two captures, would pull an uncaptured stream into a
-// capture that never joins it back (cudaStreamEndCapture then fails), or put eager kernels
-// into a graph. Refused before anything runs; the communicator stays usable. Only a
-// communicator that uses two or more streams in the group is asked (nothing is allocated).
 std::string ptrText(const void* p) {
   char buf[32];
   snprintf(buf, sizeof buf, "%p", p);
   return buf;
 }
+
+// A communicator's device work in a group goes into one CUDA graph or into none. Its streams
+// mixing captured and uncaptured ones, or two captures, would pull an uncaptured stream into a
+// capture that never joins it back (cudaStreamEndCapture then fails), or put eager kernels
+// into a graph. Refused before anything runs; the communicator stays usable. Only a
+// communicator that uses two or more streams in the group is asked (nothing is allocated but
+// a refusal's message).
 
 Status checkCaptures(const Batch& b) {
   const CollArgs* first = nullptr;
@@ -145,7 +147,7 @@ Status checkCaptures(const Batch& b) {
     several |= op.stream != first->stream;
   }
   if (!several) return Status::Ok();
-  const std::string who = "rank " + std::to_string(b.comm->rank()) + ": ncclGroupEnd: ";
+  auto who = [&b] { return "rank " + std::to_string(b.comm->rank()) + ": ncclGroupEnd: "; };
   unsigned long long firstId = 0;
   for (size_t i = 0; i < b.ops.size(); ++i) {
     const CollArgs& op = b.ops[i];
@@ -156,14 +158,16 @@ Status checkCaptures(const Batch& b) {
     if (asked) continue;
     unsigned long long id = 0;
     Status s = cuda::captureId(op.stream, &id);
-    if (!s.ok()) return Status(s.code(), who + "stream " + ptrText(op.stream) + ": " + s.message());
+    if (!s.ok()) {
+      return Status(s.code(), who() + "stream " + ptrText(op.stream) + ": " + s.message());
+    }
     if (&op == first) {
       firstId = id;
     } else if (id != firstId) {
       auto what = [](unsigned long long c) {
         return c ? "captured into graph capture " + std::to_string(c) : std::string("not captured");
       };
-      return invalidUsage(who + "the communicator's operations use stream " +
+      return invalidUsage(who() + "the communicator's operations use stream " +
                           ptrText(first->stream) + " (" + what(firstId) + ") and stream " +
                           ptrText(op.stream) + " (" + what(id) +
                           "): one communicator's streams in a group must all be captured by "
