@@ -1,8 +1,8 @@
 // The GPU data path (label "gpu"): collectives on device buffers as kernels, ranks sharing
 // the one GPU as threads and as processes, both protocols, the p2p transport in GPU memory and
-// through mapped host memory (NCCL_P2P_DISABLE=1), one stream shared by every rank, CUDA
-// graph capture, abort and the kernels' deadline. Every test skips, saying why, where no GPU
-// is present.
+// through mapped host memory (NCCL_P2P_DISABLE=1), streams shared by ranks or changing between
+// calls, abort and the kernels' deadline (CUDA graphs: gpu_graph_test.cc). Every test skips, saying
+// why, where no GPU is present.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "collectives/matrix.h"
+#include "gpu/gpu_support.h"
 #include "harness/harness.h"
 
 using namespace tutti::test;
@@ -24,44 +25,6 @@ using namespace tutti::test;
 namespace {
 
 constexpr size_t kFifoBytes = 8192;  // NCCL_BUFFSIZE: 1 KiB Simple slots
-
-std::string noGpuReason() {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return std::string("no usable CUDA device: ") + cudaGetErrorString(e);
-  }
-  return n > 0 ? "" : "no CUDA device";
-}
-
-// All rank threads meet here before going on.
-class ThreadBarrier {
- public:
-  explicit ThreadBarrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    const int gen = gen_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++gen_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return gen_ != gen; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_, arrived_ = 0, gen_ = 0;
-};
-
-#define SKIP_WITHOUT_GPU()                                  \
-  do {                                                      \
-    std::string why = noGpuReason();                        \
-    if (!why.empty()) GTEST_SKIP() << why << " (GPU test)"; \
-  } while (0)
 
 // The value already in the environment if there is one (to chase a failure by hand), else v.
 const char* orEnv(const char* name, const char* v) {
@@ -170,66 +133,6 @@ INSTANTIATE_TEST_SUITE_P(GpuProcesses, GpuPeerExit,
                            return std::string(i.index == 0 ? "Receiving" : "Sending");
                          });
 
-// What went wrong on the ranks' threads, reported on the test's own thread.
-struct RankFailures {
-  std::mutex mu;
-  std::vector<std::string> list;
-  void add(int r, const std::string& what) {
-    std::lock_guard<std::mutex> lock(mu);
-    list.push_back("rank " + std::to_string(r) + ": " + what);
-  }
-  void report() {
-    for (const std::string& f : list) ADD_FAILURE() << f;
-  }
-};
-
-// Device buffers filled with v, one per rank.
-struct RankBuffers {
-  std::vector<float*> bufs;
-  size_t count;
-  std::vector<float*> staging;  // pinned, one per rank, made before any rank's thread runs
-  RankBuffers(int n, size_t count) : count(count) {
-    for (int r = 0; r < n; ++r) {
-      float* p = nullptr;
-      EXPECT_EQ(cudaMalloc(&p, count * sizeof(float)), cudaSuccess);
-      bufs.push_back(p);
-      void* h = nullptr;
-      EXPECT_EQ(cudaMallocHost(&h, count * sizeof(float)), cudaSuccess);
-      staging.push_back(static_cast<float*>(h));
-    }
-  }
-  ~RankBuffers() {
-    for (float* p : bufs) cudaFree(p);
-    for (float* p : staging) cudaFreeHost(p);
-  }
-  // In stream order on the stream the operations use (a plain cudaMemcpy is not ordered with
-  // non-blocking streams, and may return before the bytes land), through pinned memory: a copy
-  // from pageable memory may wait for the whole GPU, where another rank's kernel may wait for
-  // this thread (it hung the first GPU run's matrix). cudaMallocHost and cudaFreeHost may
-  // too, so the staging is made and freed outside the ranks' threads.
-  void fill(int r, float v, cudaStream_t s) {
-    float* h = staging[size_t(r)];
-    for (size_t i = 0; i < count; ++i) h[i] = v;
-    EXPECT_EQ(cudaMemcpyAsync(bufs[size_t(r)], h, count * 4, cudaMemcpyHostToDevice, s),
-              cudaSuccess);
-    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  }
-  // "" or what differs from want.
-  std::string check(int r, float want, cudaStream_t s) {
-    float* h = staging[size_t(r)];
-    if (cudaMemcpyAsync(h, bufs[size_t(r)], count * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
-        cudaStreamSynchronize(s) != cudaSuccess)
-      return "cudaMemcpy failed";
-    for (size_t i = 0; i < count; ++i) {
-      if (h[i] != want) {
-        return "rank " + std::to_string(r) + " element " + std::to_string(i) + ": " +
-               std::to_string(h[i]) + ", expected " + std::to_string(want);
-      }
-    }
-    return "";
-  }
-};
-
 // One thread drives every rank (ncclCommInitAll, the device listed four times) and passes the
 // same stream to all: the group must launch every kernel before any can block the stream.
 TEST(GpuStreams, FourRanksSharingOneStreamInOneGroupComplete) {
@@ -326,59 +229,6 @@ TEST(GpuStreams, SendsAmongSomeRanksThenCollectivesOnOneSharedStreamComplete) {
   cudaStreamDestroy(stream);
 }
 
-// Captured once into a CUDA graph, replayed with new inputs: each replay all-reduces them.
-TEST(GpuGraphs, CapturedAllReduceGivesTheRightResultOnEveryReplay) {
-  SKIP_WITHOUT_GPU();
-  constexpr int n = 2;
-  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
-  std::vector<ncclComm_t> comms = initThreads(n);
-  RankBuffers b(n, 4096);
-  RankFailures failures;
-  onThreads(n, [&](int r) {
-    cudaStream_t s;
-    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    auto fail = [&](const std::string& what) { failures.add(r, what); };
-    float* buf = b.bufs[size_t(r)];
-    // Eager first: the links are made outside the capture.
-    b.fill(r, 1.0f, s);
-    if (ncclAllReduce(buf, buf, b.count, ncclFloat, ncclSum, comms[size_t(r)], s) != ncclSuccess)
-      return fail(std::string("eager: ") + ncclGetLastError(comms[size_t(r)]));
-    cudaStreamSynchronize(s);
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
-      return fail("cudaStreamBeginCapture");
-    ncclResult_t res = ncclAllReduce(buf, buf, b.count, ncclFloat, ncclSum, comms[size_t(r)], s);
-    if (cudaStreamEndCapture(s, &graph) != cudaSuccess || res != ncclSuccess)
-      return fail(std::string("capture: ") + ncclGetLastError(comms[size_t(r)]));
-    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return fail("instantiate");
-    for (int k = 1; k <= 3; ++k) {
-      b.fill(r, float(k * (r + 1)), s);
-      if (cudaGraphLaunch(exec, s) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess)
-        return fail("replay " + std::to_string(k));
-      std::string bad = b.check(r, float(k * 3), s);  // k*1 + k*2
-      if (!bad.empty()) return fail("replay " + std::to_string(k) + ": " + bad);
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(s);
-  });
-  destroyAll(comms);
-  failures.report();
-}
-
-// No asynchronous error on the communicator, and each buffer of rank r holds its value.
-void expectResults(RankFailures& failures, int r, ncclComm_t comm, cudaStream_t s,
-                   std::initializer_list<std::pair<RankBuffers*, float>> want) {
-  ncclResult_t async = ncclSuccess;
-  ncclCommGetAsyncError(comm, &async);
-  if (async != ncclSuccess) failures.add(r, std::string("async error: ") + ncclGetLastError(comm));
-  for (auto [buf, value] : want) {
-    std::string bad = buf->check(r, value, s);
-    if (!bad.empty()) failures.add(r, bad);
-  }
-}
-
 // One communicator's operations issued on two streams in turn, with nothing between them:
 // each kernel reads its FIFO positions as it starts, so the library must run them one after
 // another (a kernel that started while the one before still ran would claim the same steps:
@@ -421,129 +271,6 @@ TEST(GpuStreams, OneCommunicatorsOperationsOnTwoStreamsRunInTurn) {
   destroyAll(comms);
   failures.report();
 }
-
-// A captured all-reduce replayed on one stream while eager all-reduces of the same
-// communicator go to another, nothing between them (NCCL supports this mix): each replay
-// waits for the launch before it and the next launch waits for it.
-TEST(GpuGraphs, ReplaysAndEagerCallsOnAnotherStreamTakeTurns) {
-  SKIP_WITHOUT_GPU();
-  constexpr int n = 2, kRounds = 8;
-  constexpr size_t kCount = size_t(1) << 20;
-  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
-  std::vector<ncclComm_t> comms = initThreads(n);
-  RankBuffers a(n, kCount), b(n, kCount), c(n, kCount), d(n, kCount);
-  RankFailures failures;
-  onThreads(n, [&](int r) {
-    auto fail = [&](const std::string& what) { failures.add(r, what); };
-    ncclComm_t comm = comms[size_t(r)];
-    cudaStream_t g, e;
-    cudaStreamCreateWithFlags(&g, cudaStreamNonBlocking);
-    cudaStreamCreateWithFlags(&e, cudaStreamNonBlocking);
-    a.fill(r, float(r + 1), g);
-    c.fill(r, float(10 * (r + 1)), e);
-    const size_t ri = size_t(r);
-    if (ncclAllReduce(c.bufs[ri], d.bufs[ri], kCount, ncclFloat, ncclSum, comm, e) != ncclSuccess)
-      return fail(std::string("eager: ") + ncclGetLastError(comm));
-    cudaStreamSynchronize(e);
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    if (cudaStreamBeginCapture(g, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
-      return fail("cudaStreamBeginCapture");
-    ncclResult_t res = ncclAllReduce(a.bufs[ri], b.bufs[ri], kCount, ncclFloat, ncclSum, comm, g);
-    if (cudaStreamEndCapture(g, &graph) != cudaSuccess || res != ncclSuccess)
-      return fail(std::string("capture: ") + ncclGetLastError(comm));
-    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return fail("instantiate");
-    for (int k = 0; k < kRounds; ++k) {
-      if (cudaGraphLaunch(exec, g) != cudaSuccess) return fail("replay " + std::to_string(k));
-      if (ncclAllReduce(c.bufs[ri], d.bufs[ri], kCount, ncclFloat, ncclSum, comm, e) != ncclSuccess)
-        return fail("eager " + std::to_string(k) + ": " + ncclGetLastError(comm));
-    }
-    if (cudaStreamSynchronize(g) != cudaSuccess || cudaStreamSynchronize(e) != cudaSuccess)
-      fail("cudaStreamSynchronize");
-    expectResults(failures, r, comm, e, {{&b, 3.0f}, {&d, 30.0f}});
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(g);
-    cudaStreamDestroy(e);
-  });
-  destroyAll(comms);
-  failures.report();
-}
-
-// Two branches of one capture (forked before either all-reduce, joined after both): nothing
-// in the graph orders the two kernels, so the library's own edge must, on every replay; also
-// with NCCL_GRAPH_MIXING_SUPPORT=0, which only leaves out the nodes that order the graph
-// against other calls.
-class GpuGraphBranches : public ::testing::TestWithParam<const char*> {};
-
-TEST_P(GpuGraphBranches, TwoBranchesOfOneCaptureTakeTurns) {
-  SKIP_WITHOUT_GPU();
-  constexpr int n = 2;
-  constexpr size_t kCount = size_t(1) << 20;
-  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
-  ScopedEnv mixing("NCCL_GRAPH_MIXING_SUPPORT", GetParam());
-  std::vector<ncclComm_t> comms = initThreads(n);
-  RankBuffers a(n, kCount), b(n, kCount), c(n, kCount), d(n, kCount), e(n, kCount), f(n, kCount);
-  const bool mixed = std::string(GetParam()) == "1";
-  RankFailures failures;
-  onThreads(n, [&](int r) {
-    auto fail = [&](const std::string& what) { failures.add(r, what); };
-    ncclComm_t comm = comms[size_t(r)];
-    const size_t ri = size_t(r);
-    cudaStream_t g, g2, s3;
-    cudaStreamCreateWithFlags(&s3, cudaStreamNonBlocking);
-    e.fill(r, float(100 * (r + 1)), s3);
-    cudaEvent_t fork, join;
-    cudaStreamCreateWithFlags(&g, cudaStreamNonBlocking);
-    cudaStreamCreateWithFlags(&g2, cudaStreamNonBlocking);
-    cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
-    cudaEventCreateWithFlags(&join, cudaEventDisableTiming);
-    a.fill(r, float(r + 1), g);
-    c.fill(r, float(10 * (r + 1)), g);
-    // Eager first: the links are made outside the capture.
-    if (ncclAllReduce(a.bufs[ri], b.bufs[ri], kCount, ncclFloat, ncclSum, comm, g) != ncclSuccess)
-      return fail(std::string("eager: ") + ncclGetLastError(comm));
-    cudaStreamSynchronize(g);
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    if (cudaStreamBeginCapture(g, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
-      return fail("cudaStreamBeginCapture");
-    cudaEventRecord(fork, g);
-    cudaStreamWaitEvent(g2, fork, 0);
-    ncclResult_t r1 = ncclAllReduce(a.bufs[ri], b.bufs[ri], kCount, ncclFloat, ncclSum, comm, g);
-    ncclResult_t r2 = ncclAllReduce(c.bufs[ri], d.bufs[ri], kCount, ncclFloat, ncclSum, comm, g2);
-    cudaEventRecord(join, g2);
-    cudaStreamWaitEvent(g, join, 0);
-    if (cudaStreamEndCapture(g, &graph) != cudaSuccess || r1 != ncclSuccess || r2 != ncclSuccess)
-      return fail(std::string("capture: ") + ncclGetLastError(comm));
-    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return fail("instantiate");
-    // With mixing on, an eager all-reduce on a third stream between the replays takes its turn
-    // after each replay's last kernel, whichever branch that was.
-    for (int k = 0; k < 5; ++k) {
-      if (cudaGraphLaunch(exec, g) != cudaSuccess) return fail("replay " + std::to_string(k));
-      if (mixed && ncclAllReduce(e.bufs[ri], f.bufs[ri], kCount, ncclFloat, ncclSum, comm, s3) !=
-                       ncclSuccess)
-        return fail(std::string("eager: ") + ncclGetLastError(comm));
-    }
-    if (cudaStreamSynchronize(g) != cudaSuccess || cudaStreamSynchronize(s3) != cudaSuccess)
-      fail("cudaStreamSynchronize");
-    expectResults(failures, r, comm, g, {{&b, 3.0f}, {&d, 30.0f}});
-    if (mixed) expectResults(failures, r, comm, g, {{&f, 300.0f}});
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaEventDestroy(fork);
-    cudaEventDestroy(join);
-    cudaStreamDestroy(g);
-    cudaStreamDestroy(g2);
-    cudaStreamDestroy(s3);
-  });
-  destroyAll(comms);
-  failures.report();
-}
-INSTANTIATE_TEST_SUITE_P(Mixing, GpuGraphBranches, ::testing::Values("1", "0"),
-                         [](const ::testing::TestParamInfo<const char*>& i) {
-                           return std::string(i.index == 0 ? "On" : "Off");
-                         });
 
 // On the legacy default stream (0): the copies in, the all-reduces (two ranks driven from one
 // thread in a group, as ncclCommInitAll users do) and the copies out, queued with nothing
@@ -657,53 +384,6 @@ TEST(GpuStreams, RanksOnTheDefaultStreamAndABlockingStreamInOneGroupComplete) {
   }
   for (ncclComm_t c : comms) ncclCommDestroy(c);
   cudaStreamDestroy(blocking);
-}
-
-// A group whose streams mix a capturing one and one that is not is refused before anything
-// runs (its kernels would go half into a graph), with a message; the communicator goes on.
-TEST(GpuGraphs, AGroupMixingCapturedAndUncapturedStreamsIsRefused) {
-  SKIP_WITHOUT_GPU();
-  constexpr int n = 2;
-  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
-  std::vector<ncclComm_t> comms = initThreads(n);
-  RankBuffers b(n, 4096), other(n, 4096);
-  RankFailures failures;
-  onThreads(n, [&](int r) {
-    auto fail = [&](const std::string& what) { failures.add(r, what); };
-    ncclComm_t comm = comms[size_t(r)];
-    const size_t ri = size_t(r);
-    cudaStream_t cap, eager;
-    cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking);
-    cudaStreamCreateWithFlags(&eager, cudaStreamNonBlocking);
-    b.fill(r, 1.0f, eager);
-    other.fill(r, 1.0f, eager);
-    if (cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
-      return fail("cudaStreamBeginCapture");
-    ncclGroupStart();
-    ncclAllReduce(b.bufs[ri], b.bufs[ri], b.count, ncclFloat, ncclSum, comm, cap);
-    ncclAllReduce(other.bufs[ri], other.bufs[ri], b.count, ncclFloat, ncclSum, comm, eager);
-    const ncclResult_t res = ncclGroupEnd();
-    const std::string msg = ncclGetLastError(comm);
-    cudaGraph_t graph = nullptr;
-    cudaStreamEndCapture(cap, &graph);
-    if (graph) cudaGraphDestroy(graph);
-    cudaGetLastError();
-    if (res != ncclInvalidUsage) fail("the mixed group returned " + std::to_string(res));
-    if (msg.find("captured") == std::string::npos) fail("message: " + msg);
-    // Nothing ran, and the communicator still works.
-    if (ncclAllReduce(b.bufs[ri], b.bufs[ri], b.count, ncclFloat, ncclSum, comm, eager) !=
-        ncclSuccess)
-      return fail(std::string("after the refusal: ") + ncclGetLastError(comm));
-    cudaStreamSynchronize(eager);
-    for (auto [buf, want] : {std::pair<RankBuffers*, float>{&b, 2.0f}, {&other, 1.0f}}) {
-      std::string bad = buf->check(r, want, eager);
-      if (!bad.empty()) fail(bad);
-    }
-    cudaStreamDestroy(cap);
-    cudaStreamDestroy(eager);
-  });
-  destroyAll(comms);
-  failures.report();
 }
 
 // Two ranks on threads that all-reduce once together (so their links exist); then rank 0

@@ -1,0 +1,37 @@
+// Scoped CUDA state for the device engine's calls (runtime/device_engine.cc and
+// runtime/device_launch.cc): the capture mode, and the current device. CUDA builds only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace tutti {
+
+// Lets this thread make set-up calls while one of its streams is being captured.
+class CaptureModeRelaxed {
+ public:
+  CaptureModeRelaxed() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~CaptureModeRelaxed() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+// Makes the communicator's device current and gives the caller back its own afterwards.
+// (Four per operation: a call to restore what did not change is one CUDA call less each.)
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
+    if (saved_ != device) changed_ = cudaSetDevice(device) == cudaSuccess;
+  }
+  ~DeviceGuard() {
+    if (changed_ && saved_ >= 0) cudaSetDevice(saved_);
+    cudaGetLastError();
+  }
+
+ private:
+  int saved_ = -1;
+  bool changed_ = false;
+};
+
+}  // namespace tutti

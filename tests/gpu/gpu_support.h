@@ -1,0 +1,130 @@
+// What the GPU tests share (tests/gpu/*_test.cc): the skip where no GPU is present, a barrier
+// for rank threads, failures gathered from rank threads, and device buffers per rank with
+// pinned staging.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <initializer_list>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nccl.h"
+
+namespace tutti::test {
+
+inline std::string noGpuReason() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no usable CUDA device: ") + cudaGetErrorString(e);
+  }
+  return n > 0 ? "" : "no CUDA device";
+}
+
+// All rank threads meet here before going on.
+class ThreadBarrier {
+ public:
+  explicit ThreadBarrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int gen = gen_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return gen_ != gen; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_, arrived_ = 0, gen_ = 0;
+};
+
+#define SKIP_WITHOUT_GPU()                                  \
+  do {                                                      \
+    std::string why = noGpuReason();                        \
+    if (!why.empty()) GTEST_SKIP() << why << " (GPU test)"; \
+  } while (0)
+
+// What went wrong on the ranks' threads, reported on the test's own thread.
+struct RankFailures {
+  std::mutex mu;
+  std::vector<std::string> list;
+  void add(int r, const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    list.push_back("rank " + std::to_string(r) + ": " + what);
+  }
+  void report() {
+    for (const std::string& f : list) ADD_FAILURE() << f;
+  }
+};
+
+// Device buffers filled with v, one per rank.
+struct RankBuffers {
+  std::vector<float*> bufs;
+  size_t count;
+  std::vector<float*> staging;  // pinned, one per rank, made before any rank's thread runs
+  RankBuffers(int n, size_t count) : count(count) {
+    for (int r = 0; r < n; ++r) {
+      float* p = nullptr;
+      EXPECT_EQ(cudaMalloc(&p, count * sizeof(float)), cudaSuccess);
+      bufs.push_back(p);
+      void* h = nullptr;
+      EXPECT_EQ(cudaMallocHost(&h, count * sizeof(float)), cudaSuccess);
+      staging.push_back(static_cast<float*>(h));
+    }
+  }
+  ~RankBuffers() {
+    for (float* p : bufs) cudaFree(p);
+    for (float* p : staging) cudaFreeHost(p);
+  }
+  // In stream order on the stream the operations use (a plain cudaMemcpy is not ordered with
+  // non-blocking streams, and may return before the bytes land), through pinned memory: a copy
+  // from pageable memory may wait for the whole GPU, where another rank's kernel may wait for
+  // this thread (it hung the first GPU run's matrix). cudaMallocHost and cudaFreeHost may
+  // too, so the staging is made and freed outside the ranks' threads.
+  void fill(int r, float v, cudaStream_t s) {
+    float* h = staging[size_t(r)];
+    for (size_t i = 0; i < count; ++i) h[i] = v;
+    EXPECT_EQ(cudaMemcpyAsync(bufs[size_t(r)], h, count * 4, cudaMemcpyHostToDevice, s),
+              cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  }
+  // "" or what differs from want.
+  std::string check(int r, float want, cudaStream_t s) {
+    float* h = staging[size_t(r)];
+    if (cudaMemcpyAsync(h, bufs[size_t(r)], count * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
+        cudaStreamSynchronize(s) != cudaSuccess)
+      return "cudaMemcpy failed";
+    for (size_t i = 0; i < count; ++i) {
+      if (h[i] != want) {
+        return "rank " + std::to_string(r) + " element " + std::to_string(i) + ": " +
+               std::to_string(h[i]) + ", expected " + std::to_string(want);
+      }
+    }
+    return "";
+  }
+};
+
+// No asynchronous error on the communicator, and each buffer of rank r holds its value.
+inline void expectResults(RankFailures& failures, int r, ncclComm_t comm, cudaStream_t s,
+                          std::initializer_list<std::pair<RankBuffers*, float>> want) {
+  ncclResult_t async = ncclSuccess;
+  ncclCommGetAsyncError(comm, &async);
+  if (async != ncclSuccess) failures.add(r, std::string("async error: ") + ncclGetLastError(comm));
+  for (auto [buf, value] : want) {
+    std::string bad = buf->check(r, value, s);
+    if (!bad.empty()) failures.add(r, bad);
+  }
+}
+
+}  // namespace tutti::test
