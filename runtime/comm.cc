@@ -37,12 +37,13 @@ DeviceEngine& Comm::deviceEngine() {
   return *deviceEngine_;
 }
 
+DeviceEngine* Comm::madeDeviceEngine() {
+  std::lock_guard<std::mutex> lock(deviceMu_);
+  return deviceEngine_.get();
+}
+
 void Comm::pollDeviceErrors() {
-  DeviceEngine* d;
-  {
-    std::lock_guard<std::mutex> lock(deviceMu_);
-    d = deviceEngine_.get();
-  }
+  DeviceEngine* d = madeDeviceEngine();
   if (!d) return;
   if (Status s = d->kernelError(); !s.ok() && asyncCode() == Code::kOk) setAsyncError(s);
 }
@@ -50,20 +51,12 @@ void Comm::pollDeviceErrors() {
 void Comm::breakLinks() {
   State st = state();
   if (links_ && (st == State::kReady || st == State::kFinalized)) links_->breakAll();
-  DeviceEngine* d;
-  {
-    std::lock_guard<std::mutex> lock(deviceMu_);
-    d = deviceEngine_.get();
-  }
+  DeviceEngine* d = madeDeviceEngine();
   if (d) d->breakLinks();
 }
 
 void Comm::noteAbort() {
-  DeviceEngine* d;
-  {
-    std::lock_guard<std::mutex> lock(deviceMu_);
-    d = deviceEngine_.get();
-  }
+  DeviceEngine* d = madeDeviceEngine();
   if (d) d->noteAbort();
 }
 

@@ -122,6 +122,8 @@ class Comm {
 
  private:
   void logLayout() const;
+  // The device engine if one was made (nullptr otherwise); makes none.
+  DeviceEngine* madeDeviceEngine();
 
   std::atomic<int> rank_, nranks_;
   int cudaDev_;

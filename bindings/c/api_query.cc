@@ -39,10 +39,11 @@ TUTTI_API const char* ncclGetLastError(ncclComm_t comm) {
   // A communicator's asynchronous error (a failed nonblocking init, a split helper) is what a
   // caller passing that communicator is asking about; otherwise this thread's last error.
   if (Comm* c = comm ? registry::pin(comm) : nullptr) {
+    api::Pinned pin;  // a destroy on another thread waits for these two calls
+    pin.hold(c);
     static thread_local std::string async;
     c->pollDeviceErrors();
     async = c->asyncMessage();
-    c->unpin();  // pinned: a destroy on another thread waits for these two calls
     if (!async.empty()) return async.c_str();
   }
   return api::lastError();
