@@ -88,6 +88,7 @@ class Run {
   bool momentum_started_ = false;
   int micro_ = 0;  // samples per rank per micro-batch
   int64_t steps_per_epoch_ = 0, total_steps_ = 0, step_ = 0;
+  int64_t fail_at_step_ = -1;  // TUTTI_TRAINER_FAIL_AT names this rank: fail at this step
   std::vector<float> x_;
   std::vector<uint8_t> y_;
   std::vector<int> idx_;
@@ -107,6 +108,14 @@ bool Run::setUp(const Dataset* data) {
   if ((rc = ncclCommUserRank(comm_, &rank_)) != ncclSuccess ||
       (rc = ncclCommCount(comm_, &nranks_)) != ncclSuccess) {
     return fail(ncclError("querying the communicator", rc, comm_));
+  }
+  // A test hook: TUTTI_TRAINER_FAIL_AT=R:S makes rank R fail alone at step S, before its
+  // gradients are all-reduced, as a CUDA error in mid-step would (the others are left waiting
+  // for it; tutti-train must stop them).
+  if (const char* f = getenv("TUTTI_TRAINER_FAIL_AT")) {
+    int r = -1;
+    long long s = -1;
+    if (sscanf(f, "%d:%lld", &r, &s) == 2 && r == rank_) fail_at_step_ = s;
   }
   // Checks that every rank makes alike need no agreement round: each one fails by itself.
   if (o_.batch % (nranks_ * o_.accum) != 0) {
@@ -231,17 +240,10 @@ void Run::gatherMicroBatch(const std::vector<int>& perm, int64_t index_in_epoch,
 
 // One optimizer step: k micro-batches of this rank's shard, gradient averaging, SGD update.
 bool Run::step(const std::vector<int>& perm, int64_t index_in_epoch, double* loss, int64_t* right) {
-  // A test hook: TUTTI_TRAINER_FAIL_AT=R:S makes rank R fail alone at step S, before its
-  // gradients are all-reduced, as a CUDA error in mid-step would (the others are left waiting
-  // for it; tutti-train must stop them).
-  if (const char* f = getenv("TUTTI_TRAINER_FAIL_AT")) {
-    int r = -1;
-    long long s = -1;
-    if (sscanf(f, "%d:%lld", &r, &s) == 2 && r == rank_ && s == step_) {
-      if (gpu_) gpu_->abandon();  // as after a CUDA error: the others' kernels wait for it
-      return fail("rank " + std::to_string(rank_) + ": failed at step " + std::to_string(s) +
-                  " as TUTTI_TRAINER_FAIL_AT asked");
-    }
+  if (step_ == fail_at_step_) {  // TUTTI_TRAINER_FAIL_AT (setUp)
+    if (gpu_) gpu_->abandon();   // as after a CUDA error: the others' kernels wait for it
+    return fail("rank " + std::to_string(rank_) + ": failed at step " + std::to_string(step_) +
+                " as TUTTI_TRAINER_FAIL_AT asked");
   }
   if (gpu_) return stepGpu(perm, index_in_epoch);
   std::fill(grads_.begin(), grads_.end(), 0.0f);
