@@ -18,20 +18,25 @@ class CaptureModeRelaxed {
 
 // Makes the communicator's device current and gives the caller back its own afterwards.
 // (Four per operation: a call to restore what did not change is one CUDA call less each.)
+// A failed call of ours (an event not ready yet, say) leaves CUDA's last error set, which the
+// application would take for its own: cleared at the end -- unless the application's own
+// error was pending when we began, which stays for it to see (an error either way).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
+    callersError_ = cudaPeekAtLastError() != cudaSuccess;
     if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
     if (saved_ != device) changed_ = cudaSetDevice(device) == cudaSuccess;
   }
   ~DeviceGuard() {
     if (changed_ && saved_ >= 0) cudaSetDevice(saved_);
-    cudaGetLastError();
+    if (!callersError_) cudaGetLastError();
   }
 
  private:
   int saved_ = -1;
   bool changed_ = false;
+  bool callersError_ = false;
 };
 
 }  // namespace tutti

@@ -91,7 +91,39 @@ PointerKind pointerKind(const void* ptr) {
     return {};
   }
   if (attr.type == cudaMemoryTypeDevice) return {true, attr.device};
+  if (attr.type == cudaMemoryTypeHost) return {false, -1, attr.devicePointer == ptr};
   return {attr.type == cudaMemoryTypeManaged, -1};
+}
+
+int streamDevice(void* stream) {
+  int d = -1;
+  if (cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &d) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return d;
+}
+
+Status streamSynchronize(void* stream, int device) {
+  int saved = -1;
+  if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
+  if (device >= 0 && device != saved) {
+    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      cudaGetLastError();
+      return cudaStatus("cudaSetDevice", e);
+    }
+  }
+  const cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) cudaGetLastError();
+  if (device >= 0 && device != saved && saved >= 0) cudaSetDevice(saved);
+  return e == cudaSuccess ? Status::Ok() : cudaStatus("cudaStreamSynchronize", e);
+}
+
+Status copyToHost(void* dst, const void* src, size_t bytes) {
+  const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+  if (e == cudaSuccess) return Status::Ok();
+  cudaGetLastError();
+  return cudaStatus("cudaMemcpy", e);
 }
 
 Status captureId(void* stream, unsigned long long* id) {
@@ -128,6 +160,11 @@ Status deviceMalloc(void**, size_t) {
 }
 Status deviceFree(void*) { return Status(Code::kCudaError, "tutti was built without CUDA"); }
 PointerKind pointerKind(const void*) { return {}; }
+int streamDevice(void*) { return -1; }
+Status streamSynchronize(void*, int) { return Status::Ok(); }
+Status copyToHost(void*, const void*, size_t) {
+  return Status(Code::kCudaError, "tutti was built without CUDA");
+}
 Status captureId(void*, unsigned long long* id) {
   *id = 0;
   return Status::Ok();

@@ -4,6 +4,7 @@
 // the library fail to load where libcuda.so is absent.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "runtime/status.h"
@@ -23,13 +24,24 @@ std::string unavailableReason();
 Status deviceMalloc(void** ptr, size_t bytes);
 Status deviceFree(void* ptr);
 // What memory ptr is: device (or managed) memory known to the CUDA runtime, and for device
-// memory the GPU it belongs to (-1 otherwise). One runtime query.
+// memory the GPU it belongs to (-1 otherwise); or page-locked host memory (cudaHostAlloc,
+// cudaHostRegister) that kernels reach at the same address (mapped). One runtime query.
 struct PointerKind {
   bool device = false;
   int gpu = -1;
+  bool mapped = false;
 };
 PointerKind pointerKind(const void* ptr);
 inline bool isDevicePointer(const void* ptr) { return pointerKind(ptr).device; }
+// The stream handles that name a default stream (0, cudaStreamLegacy, cudaStreamPerThread)
+// rather than one the application made.
+inline bool isDefaultStream(const void* stream) { return reinterpret_cast<uintptr_t>(stream) <= 2; }
+// The GPU a stream the application made belongs to; -1 when CUDA cannot say.
+int streamDevice(void* stream);
+// Waits, on device's context, for the work queued on stream so far.
+Status streamSynchronize(void* stream, int device);
+// A synchronous copy out of memory a GPU holds (cudaMemcpy, cudaMemcpyDefault).
+Status copyToHost(void* dst, const void* src, size_t bytes);
 // The CUDA graph capture a stream is in: 0 when it captures nothing, else the capture's id.
 // A capture already invalidated is an error. A query CUDA allows while the stream captures.
 Status captureId(void* stream, unsigned long long* id);

@@ -386,10 +386,6 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
     const CollArgs& op = ops[i];
     void* s = op.stream == cudaStreamLegacy ? nullptr : op.stream;  // one stream, one handle
     if (std::find(streams_.begin(), streams_.end(), s) == streams_.end()) streams_.push_back(s);
-    if (op.red.scalarPtr && !cuda::isDevicePointer(op.red.scalarPtr)) {
-      return invalidUsage(std::string(op.name) +
-                          ": the PreMulSum scalar is ncclScalarDevice but not in GPU memory");
-    }
   }
   devplan::Config cfg;
   cfg.rank = r;

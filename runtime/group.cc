@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/dev_work.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_shim.h"
 #include "runtime/device_engine.h"
@@ -33,6 +34,7 @@ struct ThreadGroup {
   // Emptied op lists of batches that ran, kept for the next groups: a program (nccl-tests,
   // tutti-perf) that wraps every call in a group then allocates nothing per call.
   std::vector<std::vector<CollArgs>> spare;
+  Status refused;  // the first call refused inside the group (noteError)
 };
 
 // A thread_local with a constructor or destructor is reached through an init wrapper on every
@@ -67,6 +69,11 @@ bool active() {
 }
 
 void start() { ++threadGroup().depth; }
+
+void noteError(const Status& s) {
+  ThreadGroup& g = threadGroup();
+  if (g.depth > 0 && g.refused.ok()) g.refused = s;
+}
 
 void defer(std::shared_future<Status> work, bool blocking) {
   threadGroup().deferred.push_back({std::move(work), blocking});
@@ -177,11 +184,29 @@ Status checkCaptures(const Batch& b) {
   return Status::Ok();
 }
 
+// A kernel's work holds up to dev::kMaxOps sends and receives to other ranks (its blocks run
+// them all at once). More in one group is refused before anything runs, so the communicator
+// stays usable (the planner's own check comes after its links connect, and breaks it).
+Status checkSendRecvs(const Comm* comm, const CollArgs* ops, size_t n) {
+  size_t count = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const CollArgs& op = ops[i];
+    count += op.device && (op.kind == CollKind::kSend || op.kind == CollKind::kRecv) &&
+             op.root != comm->rank();
+  }
+  if (count <= static_cast<size_t>(dev::kMaxOps)) return Status::Ok();
+  return invalidUsage("rank " + std::to_string(comm->rank()) + ": " + std::to_string(count) +
+                      " sends and receives on GPU buffers to other ranks in one group (an "
+                      "ncclAlltoAll, ncclGather or ncclScatter counts one per rank): at most " +
+                      std::to_string(dev::kMaxOps) + " are supported yet; nothing ran");
+}
+
 }  // namespace
 
 Status submit(Comm* comm, const CollArgs* ops, size_t n) {
   if (!active()) {
-    Status s = comm->engine().run(ops, n);
+    Status s = checkSendRecvs(comm, ops, n);
+    if (s.ok()) s = comm->engine().run(ops, n);
     comm->unpin();
     return s;
   }
@@ -215,12 +240,14 @@ void discard(Comm* comm) {
   }
 }
 
-Status end() {
+Status end(bool run) {
   ThreadGroup& tGroup = threadGroup();
   if (tGroup.depth == 0) {
     return invalidUsage("ncclGroupEnd called without a matching ncclGroupStart");
   }
   if (--tGroup.depth > 0) return Status::Ok();
+  Status refused;
+  std::swap(refused, tGroup.refused);
   std::vector<Deferred> work;
   work.swap(tGroup.deferred);
   std::vector<Batch> batches;
@@ -235,11 +262,19 @@ Status end() {
     Status s = d.work.get();
     if (first.ok() && !s.ok()) first = s;
   }
+  if (first.ok() && !refused.ok()) {
+    size_t queued = 0;
+    for (const Batch& b : batches) queued += b.ops.size();
+    first = Status(refused.code(), "an operation of this group was refused (" + refused.message() +
+                                       "): the group's other " + std::to_string(queued) +
+                                       " queued operations were dropped, none ran");
+  }
   if (!batches.empty()) {
     for (const Batch& b : batches) {
-      if (first.ok()) first = checkCaptures(b);
+      if (first.ok() && run) first = checkSendRecvs(b.comm, b.ops.data(), b.ops.size());
+      if (first.ok() && run) first = checkCaptures(b);
     }
-    if (first.ok()) first = runBatches(batches);
+    if (first.ok() && run) first = runBatches(batches);
     for (Batch& b : batches) {
       b.comm->unpin();
       b.ops.clear();

@@ -18,8 +18,12 @@ namespace tutti::group {
 bool active();
 void start();
 // Closes one level; the outermost close waits for deferred blocking work and returns the
-// first error, or kInProgress when nonblocking work is still running.
-Status end();
+// first error, or kInProgress when nonblocking work is still running. With run false
+// (ncclGroupSimulateEnd) the queued operations are dropped, not run.
+Status end(bool run = true);
+// A call inside the group was refused (a bad argument): NCCL's rule, the outermost
+// ncclGroupEnd then runs nothing of the group and returns this first error.
+void noteError(const Status& s);
 // Registers work started inside the current group.
 void defer(std::shared_future<Status> work, bool blocking);
 

@@ -8,6 +8,7 @@
 #include "kernels/cuda/kernel_table.h"
 #include "runtime/cuda_shim.h"
 #include "runtime/group.h"
+#include "runtime/peer_info.h"
 
 using namespace tutti;
 using tutti::api::fail;
@@ -45,6 +46,43 @@ struct Call {
 bool scalesWithRanks(Kind k) {
   return k == Kind::kAllGather || k == Kind::kReduceScatter || k == Kind::kAlltoAll ||
          k == Kind::kGather || k == Kind::kScatter;
+}
+
+// What GPU buffers need, checked before anything is queued (later, a failure would break the
+// communicator): the caller's stream on the communicator's GPU, and the ranks the call reaches
+// on GPUs of this host (the p2p and shm transports; no network transport carries GPU
+// buffers yet).
+Status checkDeviceCall(const Call& c, Comm* comm) {
+  const int me = comm->rank();
+  if (!cuda::isDefaultStream(c.stream)) {
+    const int d = cuda::streamDevice(c.stream);
+    if (d >= 0 && d != comm->cudaDev()) {
+      return invalidArgument("the stream belongs to GPU " + std::to_string(d) +
+                             " but the communicator is on GPU " + std::to_string(comm->cudaDev()));
+    }
+  }
+  const std::vector<PeerInfo>& peers = comm->peers();
+  auto reach = [&](int p) -> Status {
+    const PeerInfo& q = peers[static_cast<size_t>(p)];
+    if (q.hostHash != peers[static_cast<size_t>(me)].hostHash) {
+      return invalidUsage("GPU buffers, but rank " + std::to_string(p) +
+                          " is on another host: GPU buffers between hosts need a network "
+                          "transport for GPU memory, which this tutti build does not have yet "
+                          "(use host buffers)");
+    }
+    if (q.cudaDev < 0) {
+      return invalidUsage("GPU buffers, but rank " + std::to_string(p) +
+                          " is a CPU rank (its communicator has no CUDA device)");
+    }
+    return Status::Ok();
+  };
+  if (c.kind == Kind::kSend || c.kind == Kind::kRecv)
+    return c.root == me ? Status::Ok() : reach(c.root);
+  if (peers.size() != static_cast<size_t>(comm->nranks())) return Status::Ok();
+  for (int p = 0; p < comm->nranks(); ++p) {
+    if (p != me) TUTTI_TRY(reach(p));
+  }
+  return Status::Ok();
 }
 
 // comm is pinned by the caller.
@@ -93,15 +131,21 @@ Status validate(const Call& c, Comm* comm, RedOpSpec* red, bool* device) {
       needSend = false;
     if (needSend && !c.send) return invalidArgument("sendbuff is NULL with count > 0");
     if (needRecv && !c.recv) return invalidArgument("recvbuff is NULL with count > 0");
-    // Host buffers run on the CPU engine, GPU buffers as kernels; never one of each.
-    const cuda::PointerKind sendKind = needSend ? cuda::pointerKind(c.send) : cuda::PointerKind{};
-    const cuda::PointerKind recvKind = !needRecv                      ? cuda::PointerKind{}
-                                       : needSend && c.recv == c.send ? sendKind  // in place
-                                                                      : cuda::pointerKind(c.recv);
+    // Host buffers run on the CPU engine, GPU buffers as kernels; never one of each. A GPU
+    // rank's kernels also take page-locked host memory they reach at its own address (mapped,
+    // as NCCL does), in stream order.
+    cuda::PointerKind sendKind = needSend ? cuda::pointerKind(c.send) : cuda::PointerKind{};
+    cuda::PointerKind recvKind = !needRecv                      ? cuda::PointerKind{}
+                                 : needSend && c.recv == c.send ? sendKind  // in place
+                                                                : cuda::pointerKind(c.recv);
+    if (comm->cudaDev() >= 0) {
+      sendKind.device |= sendKind.mapped;
+      recvKind.device |= recvKind.mapped;
+    }
     if (needSend && needRecv && sendKind.device != recvKind.device) {
-      return invalidUsage(std::string(sendKind.device ? "sendbuff" : "recvbuff") +
-                          " is GPU memory but " + (sendKind.device ? "recvbuff" : "sendbuff") +
-                          " is host memory: both must be of one kind");
+      return invalidArgument(std::string(sendKind.device ? "sendbuff" : "recvbuff") +
+                             " is GPU memory but " + (sendKind.device ? "recvbuff" : "sendbuff") +
+                             " is host memory: both must be of one kind");
     }
     *device = sendKind.device || recvKind.device;
     if (*device && comm->cudaDev() < 0) {
@@ -110,16 +154,30 @@ Status validate(const Call& c, Comm* comm, RedOpSpec* red, bool* device) {
     }
     for (auto [p, kind] : {std::pair{c.send, sendKind}, std::pair{c.recv, recvKind}}) {
       if (kind.gpu >= 0 && kind.gpu != comm->cudaDev()) {
-        return invalidUsage("buffer " + std::to_string(reinterpret_cast<uintptr_t>(p)) +
-                            " is memory of GPU " + std::to_string(kind.gpu) + " but rank " +
-                            std::to_string(comm->rank()) + "'s communicator is on GPU " +
-                            std::to_string(comm->cudaDev()));
+        return invalidArgument("buffer " + std::to_string(reinterpret_cast<uintptr_t>(p)) +
+                               " is memory of GPU " + std::to_string(kind.gpu) + " but rank " +
+                               std::to_string(comm->rank()) + "'s communicator is on GPU " +
+                               std::to_string(comm->cudaDev()));
       }
     }
   }
+  if (*device) TUTTI_TRY(checkDeviceCall(c, comm));
   if (c.op != kNone) {
     TUTTI_ASSIGN(spec, comm->resolveOp(c.op, c.dtype));
     *red = spec;
+    if (*device && red->scalarPtr) {  // ncclScalarDevice: the kernel reads it
+      const cuda::PointerKind k = cuda::pointerKind(red->scalarPtr);
+      if (!k.device && !k.mapped) {
+        return invalidArgument(
+            "the PreMulSum scalar is ncclScalarDevice but is memory the GPU cannot read "
+            "(pageable host memory): use device memory or page-locked host memory");
+      }
+      if (k.gpu >= 0 && k.gpu != comm->cudaDev()) {
+        return invalidArgument("the PreMulSum scalar is memory of GPU " + std::to_string(k.gpu) +
+                               " but the communicator is on GPU " +
+                               std::to_string(comm->cudaDev()));
+      }
+    }
   }
   if (*device && c.op != kNone && !dev::kernelFor(c.dtype, red->fn, 0)) {
     return invalidUsage(
@@ -184,22 +242,66 @@ std::vector<CollArgs> expand(const Call& c, Comm* comm, const RedOpSpec& red, bo
   return ops;
 }
 
+// Host buffers on a GPU rank run on the CPU engine, which returns when the operation is done.
+// So that it also follows the caller's earlier work on its stream (a copy into the buffer, a
+// kernel that wrote it), it first waits for that stream. The default-stream handles are not
+// waited for: a process that uses no GPU would get a CUDA context from that (and work on them
+// cannot write pageable memory but through a synchronous copy). A stream being captured
+// cannot hold a host operation. A device-resident PreMulSum scalar is read now, after the wait.
+Status orderHostCall(const Call& c, Comm* comm, RedOpSpec* red) {
+  void* stream = static_cast<void*>(c.stream);
+  if (!cuda::isDefaultStream(stream)) {
+    unsigned long long capture = 0;
+    TUTTI_TRY(cuda::captureId(stream, &capture));
+    if (capture) {
+      return invalidUsage(
+          "rank " + std::to_string(comm->rank()) +
+          ": host buffers cannot be captured into a CUDA graph (the stream is capturing): the "
+          "CPU runs the operation when it is called, not when the graph is replayed");
+    }
+    TUTTI_TRY(cuda::streamSynchronize(stream, comm->cudaDev())
+                  .withContext("rank " + std::to_string(comm->rank()) +
+                               ": waiting for the caller's stream before a host-buffer " +
+                               std::string(c.fn + 4)));
+  }
+  if (red->scalarPtr && cuda::pointerKind(red->scalarPtr).device) {
+    TUTTI_TRY(cuda::copyToHost(red->scalar, red->scalarPtr, api::typeSize(c.dtype))
+                  .withContext("reading the PreMulSum scalar from GPU memory"));
+    red->scalarPtr = nullptr;
+  }
+  return Status::Ok();
+}
+
+// A refused call fails alone; inside a group it also fails the group (group::noteError).
+ncclResult_t refuse(const char* fn, const Status& s) {
+  group::noteError(Status(s.code(), std::string(fn) + ": " + s.message()));
+  return fail(fn, s);
+}
+
 ncclResult_t enqueue(const Call& c) {
   Comm* comm = registry::pin(c.comm);
   if (!comm) {
     Result<Comm*> why = api::lookup(c.comm, api::Need::kAny);
-    return fail(c.fn,
-                why.ok() ? invalidArgument("comm was destroyed during the call") : why.status());
+    return refuse(c.fn,
+                  why.ok() ? invalidArgument("comm was destroyed during the call") : why.status());
   }
   RedOpSpec red;
   bool device = false;
   if (Status s = validate(c, comm, &red, &device); !s.ok()) {
+    const std::string who =
+        "rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->nranks()) + ": ";
     comm->unpin();
-    return fail(c.fn, s);
+    return refuse(c.fn, Status(s.code(), who + s.message()));
   }
   if (c.count == 0) {  // nothing to move: no engine, no kernel (its buffers may be anything)
     comm->unpin();
     return ncclSuccess;
+  }
+  if (!device && comm->cudaDev() >= 0) {
+    if (Status s = orderHostCall(c, comm, &red); !s.ok()) {
+      comm->unpin();
+      return refuse(c.fn, s);
+    }
   }
   Status s;
   if (c.kind == Kind::kAlltoAll || c.kind == Kind::kGather || c.kind == Kind::kScatter) {

@@ -29,12 +29,15 @@ Result<Comm*> lookup(const void* handle, Need need) {
   switch (comm->state()) {
     case Comm::State::kReady:
       return comm;
-    case Comm::State::kInitializing:
-      return invalidUsage(
+    case Comm::State::kInitializing:  // NCCL's code for both (ncclCommEnsureReady)
+      return invalidArgument(
           "the communicator is still initializing (nonblocking); poll ncclCommGetAsyncError "
           "until it returns ncclSuccess");
-    case Comm::State::kFailed:
-      return invalidUsage("the communicator failed to initialize: " + comm->asyncMessage());
+    case Comm::State::kFailed: {  // the error it failed with, as NCCL returns
+      const Code c = comm->asyncCode();
+      return Status(c == Code::kOk || c == Code::kInProgress ? Code::kInvalidUsage : c,
+                    "the communicator failed to initialize: " + comm->asyncMessage());
+    }
     case Comm::State::kFinalized:
       return invalidUsage("the communicator was finalized; only ncclCommDestroy is allowed");
   }

@@ -1,6 +1,8 @@
 // Entry points exported for binary compatibility whose implementation belongs to later
-// layers. Each validates what it can, then returns ncclInvalidUsage with a message saying so.
+// layers. Each validates what it can, then returns ncclInvalidUsage with a message saying so
+// (buffer registration excepted: a hint, accepted and ignored).
 #include "bindings/c/api_common.h"
+#include "runtime/group.h"
 
 using namespace tutti;
 using tutti::api::fail;
@@ -46,16 +48,31 @@ TUTTI_API ncclResult_t ncclCommMemStats(ncclComm_t comm, int, uint64_t* value) {
   return notImplemented("ncclCommMemStats", comm);
 }
 
+// Registration is a hint that lets NCCL skip copies through its own buffers; tutti registers
+// nothing (as NCCL with NCCL_LOCAL_REGISTER=0): the call succeeds with a NULL handle, and
+// deregistering that handle succeeds. PyTorch's allocator hooks and nccl-tests -R call these.
 TUTTI_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size,
                                         void** handle) {
   if (!handle) return fail("ncclCommRegister", invalidArgument("handle is NULL"));
-  if (!buff && size > 0) return fail("ncclCommRegister", invalidArgument("buff is NULL"));
   *handle = nullptr;
-  return notImplemented("ncclCommRegister", comm);
+  if (!buff && size > 0) return fail("ncclCommRegister", invalidArgument("buff is NULL"));
+  api::Pinned pin;
+  if (Result<Comm*> c = api::lookupPinned(comm, api::Need::kReady, &pin); !c.ok()) {
+    return fail("ncclCommRegister", c.status());
+  }
+  return ncclSuccess;
 }
 
-TUTTI_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void*) {
-  return notImplemented("ncclCommDeregister", comm);
+TUTTI_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
+  api::Pinned pin;
+  if (Result<Comm*> c = api::lookupPinned(comm, api::Need::kAny, &pin); !c.ok()) {
+    return fail("ncclCommDeregister", c.status());
+  }
+  if (handle) {
+    return fail("ncclCommDeregister",
+                invalidArgument("handle is not one ncclCommRegister returned (tutti's are NULL)"));
+  }
+  return ncclSuccess;
 }
 
 TUTTI_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
@@ -110,5 +127,12 @@ TUTTI_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* info) {
     return fail("ncclGroupSimulateEnd",
                 invalidArgument("simInfo->magic is wrong; use NCCL_SIM_INFO_INITIALIZER"));
   }
-  return fail("ncclGroupSimulateEnd", invalidUsage("not implemented yet in tutti 0.1.0"));
+  // It still closes the group as NCCL's does (else every later call on this thread would be
+  // queued to a group that never ends), dropping the queued operations unrun.
+  Status s = group::end(/*run=*/false);
+  if (s.code() == Code::kInProgress) s = Status::Ok();
+  if (!s.ok()) return fail("ncclGroupSimulateEnd", s);
+  return fail("ncclGroupSimulateEnd",
+              invalidUsage("not implemented yet in tutti 0.1.0 (the group is closed; its "
+                           "operations were dropped, none ran)"));
 }

@@ -100,7 +100,7 @@ TUTTI_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   const char* fn = "ncclMemAlloc";
   if (!ptr) return fail(fn, invalidArgument("ptr is NULL"));
   *ptr = nullptr;
-  if (size == 0) return fail(fn, invalidArgument("size is 0"));
+  if (size == 0) return ncclSuccess;  // NCCL: cudaMalloc of 0 bytes, a NULL pointer
   if (cuda::deviceCount() > 0) {
     Status s = cuda::deviceMalloc(ptr, size);
     if (!s.ok()) return fail(fn, s);

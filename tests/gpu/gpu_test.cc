@@ -458,7 +458,7 @@ TEST(GpuValidation, HostAndDeviceBuffersInOneCallAreRefused) {
   ASSERT_EQ(cudaMalloc(&d, 64 * sizeof(float)), cudaSuccess);
   std::vector<float> h(64, 1.0f);
   EXPECT_EQ(ncclAllReduce(h.data(), d, 64, ncclFloat, ncclSum, comms[0], nullptr),
-            ncclInvalidUsage);
+            ncclInvalidArgument);
   EXPECT_NE(std::string(ncclGetLastError(comms[0])).find("one kind"), std::string::npos)
       << ncclGetLastError(comms[0]);
   cudaFree(d);

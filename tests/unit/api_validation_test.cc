@@ -2,6 +2,7 @@
 // ncclGetLastError returns; nothing crashes and nothing hangs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -211,8 +212,14 @@ TEST_F(ApiValidation, FunctionsOfLaterLayers) {
   expectError(ncclCommMemStats(comm_, 0, &stat), ncclInvalidUsage, "not implemented yet");
   expectError(ncclCommRegister(comm_, buf_, sizeof(buf_), nullptr), ncclInvalidArgument,
               "handle is NULL");
-  expectError(ncclCommRegister(comm_, buf_, sizeof(buf_), &handle), ncclInvalidUsage,
-              "not implemented yet");
+  handle = &stat;
+  EXPECT_EQ(ncclCommRegister(comm_, buf_, sizeof(buf_), &handle), ncclSuccess);
+  EXPECT_EQ(handle, nullptr);  // registration is accepted and ignored, as NCCL without it
+  expectError(ncclCommRegister(comm_, nullptr, 8, &handle), ncclInvalidArgument, "buff is NULL");
+  expectError(ncclCommRegister(nullptr, buf_, sizeof(buf_), &handle), ncclInvalidArgument,
+              "comm is NULL");
+  EXPECT_EQ(ncclCommDeregister(comm_, handle), ncclSuccess);
+  expectError(ncclCommDeregister(comm_, &stat), ncclInvalidArgument, "not one ncclCommRegister");
   expectError(ncclCommDeregister(nullptr, handle), ncclInvalidArgument, "comm is NULL");
   expectError(ncclCommWindowRegister(comm_, buf_, sizeof(buf_), nullptr, 0), ncclInvalidArgument,
               "win is NULL");
@@ -245,9 +252,52 @@ TEST_F(ApiValidation, GroupsNestAndMismatchedEndIsRefused) {
   expectError(ncclGroupEnd(), ncclInvalidUsage, "without a matching ncclGroupStart");
 }
 
+// NCCL's rule: a call refused inside a group fails the group; ncclGroupEnd runs none of it and
+// returns that error. The next group runs.
+TEST_F(ApiValidation, ARefusedCallFailsItsWholeGroup) {
+  float recv[4];
+  for (int i = 0; i < 4; ++i) buf_[i] = 1.5f + i;
+  std::fill(recv, recv + 4, -7.0f);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(buf_, recv, 4, ncclFloat, ncclSum, comm_, nullptr), ncclSuccess);
+  expectError(
+      ncclAllReduce(buf_, recv, 4, static_cast<ncclDataType_t>(99), ncclSum, comm_, nullptr),
+      ncclInvalidArgument, "rank 0 of 1: datatype 99");
+  expectError(ncclGroupEnd(), ncclInvalidArgument, "none ran");
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("datatype 99"), std::string::npos);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(recv[i], -7.0f) << i;  // the good call did not run
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(buf_, recv, 4, ncclFloat, ncclSum, comm_, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(recv[i], buf_[i]) << i;
+  // A refused call outside a group leaves the next group alone.
+  expectError(ncclBroadcast(buf_, recv, 4, ncclFloat, 3, comm_, nullptr), ncclInvalidArgument,
+              "root 3");
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+}
+
+// ncclGroupSimulateEnd is not implemented, but it closes the group like NCCL's: the queued
+// operations are dropped, and later calls run at once instead of joining a group never ended.
+TEST_F(ApiValidation, GroupSimulateEndClosesTheGroup) {
+  float recv[4];
+  std::fill(recv, recv + 4, -7.0f);
+  buf_[0] = 3.0f;
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(buf_, recv, 1, ncclFloat, ncclSum, comm_, nullptr), ncclSuccess);
+  expectError(ncclGroupSimulateEnd(&sim), ncclInvalidUsage, "none ran");
+  EXPECT_EQ(recv[0], -7.0f);
+  expectError(ncclGroupEnd(), ncclInvalidUsage, "without a matching ncclGroupStart");
+  EXPECT_EQ(ncclAllReduce(buf_, recv, 1, ncclFloat, ncclSum, comm_, nullptr), ncclSuccess);
+  EXPECT_EQ(recv[0], 3.0f);  // ran at the call: no group is open
+}
+
 TEST_F(ApiValidation, MemAllocAndFree) {
   void* p = nullptr;
-  expectError(ncclMemAlloc(&p, 0), ncclInvalidArgument, "size is 0");
+  p = buf_;
+  EXPECT_EQ(ncclMemAlloc(&p, 0), ncclSuccess);  // as cudaMalloc of 0 bytes: NULL
+  EXPECT_EQ(p, nullptr);
   ASSERT_EQ(ncclMemAlloc(&p, 1 << 20), ncclSuccess) << ncclGetLastError(nullptr);
   ASSERT_NE(p, nullptr);
   int dev = -2;

@@ -1,0 +1,247 @@
+// What a GPU rank takes besides device buffers, and what it refuses before anything runs
+// (label "gpu"): page-locked host memory runs as kernels in stream order, as NCCL's does;
+// pageable host memory runs on the CPU engine after the caller's stream; a stream being
+// captured cannot hold a host operation; a device-resident PreMulSum scalar in pinned memory;
+// the send/receive limit of one group; the application's pending CUDA error is left alone.
+// Every test skips, saying why, where no GPU is present.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu/gpu_support.h"
+#include "harness/harness.h"
+
+using namespace tutti::test;
+
+namespace {
+
+// Two ranks as threads of this process on GPU 0, made by one thread (ncclCommInitAll).
+struct TwoRanks {
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  cudaStream_t streams[2] = {nullptr, nullptr};
+  TwoRanks() {
+    int devs[2] = {0, 0};
+    EXPECT_EQ(ncclCommInitAll(comms, 2, devs), ncclSuccess) << ncclGetLastError(nullptr);
+    for (cudaStream_t& s : streams) {
+      EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    }
+  }
+  ~TwoRanks() {
+    for (ncclComm_t c : comms) {
+      if (c) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+    }
+    for (cudaStream_t s : streams) cudaStreamDestroy(s);
+  }
+};
+
+// The copy into each rank's pinned buffer is still running when ncclAllReduce is called (64
+// MiB from the GPU: milliseconds). A kernel in stream order reads what the copy wrote; the CPU
+// engine, which took pinned memory before, read the buffer at once.
+TEST(GpuHostMemory, PinnedHostBuffersRunAsKernelsInStreamOrder) {
+  SKIP_WITHOUT_GPU();
+  constexpr size_t kCount = size_t(16) << 20;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  TwoRanks t;
+  float* src[2];
+  float* pinned[2];
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(cudaMalloc(&src[r], kCount * 4), cudaSuccess);
+    ASSERT_EQ(cudaMallocHost(&pinned[r], kCount * 4), cudaSuccess);
+    std::vector<float> v(kCount, float(r + 1));
+    ASSERT_EQ(cudaMemcpy(src[r], v.data(), kCount * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    for (size_t i = 0; i < kCount; ++i) pinned[r][i] = -100.0f;
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(cudaMemcpyAsync(pinned[r], src[r], kCount * 4, cudaMemcpyDeviceToHost, t.streams[r]),
+              cudaSuccess);
+  }
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(
+        ncclAllReduce(pinned[r], pinned[r], kCount, ncclFloat, ncclSum, t.comms[r], t.streams[r]),
+        ncclSuccess)
+        << ncclGetLastError(t.comms[r]);
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(cudaStreamSynchronize(t.streams[r]), cudaSuccess);
+  for (int r = 0; r < 2; ++r) {
+    for (size_t i = 0; i < kCount; i += 4099) {
+      ASSERT_EQ(pinned[r][i], 3.0f) << "rank " << r << " element " << i;
+    }
+    EXPECT_EQ(pinned[r][kCount - 1], 3.0f) << "rank " << r;
+    cudaFree(src[r]);
+    cudaFreeHost(pinned[r]);
+  }
+}
+
+struct LateWrite {
+  std::vector<float>* buf;
+  float value;
+};
+
+// Host buffers (pageable) on a GPU rank: the CPU engine runs them, after the work the caller
+// queued on its stream before the call -- here a host function that writes the buffer 200 ms
+// after it is queued.
+TEST(GpuHostMemory, PageableHostBuffersWaitForTheCallersStream) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 2;
+  constexpr size_t kCount = 4096;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  std::vector<ncclComm_t> comms = initThreads(n);
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(kCount, -100.0f));
+  std::vector<LateWrite> writes = {{&bufs[0], 1.0f}, {&bufs[1], 2.0f}};
+  RankFailures failures;
+  onThreads(n, [&](int r) {
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+      failures.add(r, "cudaStreamCreate failed");
+      return;
+    }
+    auto write = [](void* p) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      auto* w = static_cast<LateWrite*>(p);
+      for (float& x : *w->buf) x = w->value;
+    };
+    if (cudaLaunchHostFunc(s, write, &writes[size_t(r)]) != cudaSuccess) {
+      failures.add(r, "cudaLaunchHostFunc failed");
+    }
+    ncclResult_t res = ncclAllReduce(bufs[size_t(r)].data(), bufs[size_t(r)].data(), kCount,
+                                     ncclFloat, ncclSum, comms[size_t(r)], s);
+    if (res != ncclSuccess) failures.add(r, ncclGetLastError(comms[size_t(r)]));
+    // The call returned with the operation done: no stream wait needed to read the result.
+    for (size_t i = 0; i < kCount; ++i) {
+      if (bufs[size_t(r)][i] != 3.0f) {
+        failures.add(r, "element " + std::to_string(i) + ": " + std::to_string(bufs[size_t(r)][i]) +
+                            ", expected 3");
+        break;
+      }
+    }
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+  });
+  failures.report();
+  destroyAll(comms);
+}
+
+// The CPU engine runs a host-buffer call when it is made, so it cannot go into a CUDA graph:
+// refused, and neither the capture nor the communicator suffers.
+TEST(GpuHostMemory, HostBuffersOnACapturingStreamAreRefused) {
+  SKIP_WITHOUT_GPU();
+  std::vector<ncclComm_t> comms = initThreads(1);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<float> h(64, 2.0f);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(ncclAllReduce(h.data(), h.data(), 64, ncclFloat, ncclSum, comms[0], s),
+            ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(comms[0])).find("cannot be captured"), std::string::npos)
+      << ncclGetLastError(comms[0]);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  if (graph) cudaGraphDestroy(graph);
+  EXPECT_EQ(ncclAllReduce(h.data(), h.data(), 64, ncclFloat, ncclSum, comms[0], s), ncclSuccess)
+      << ncclGetLastError(comms[0]);
+  EXPECT_EQ(h[0], 2.0f);
+  cudaStreamDestroy(s);
+  destroyAll(comms);
+}
+
+// ncclScalarDevice: the kernel reads the scalar from pinned host memory (accepted, as NCCL
+// does); pageable memory it cannot read is refused at the call, the communicator usable
+// after; a host-buffer call reads a scalar in GPU memory with a copy.
+TEST(GpuValidation, PreMulSumScalarsWhereverTheReaderCanReachThem) {
+  SKIP_WITHOUT_GPU();
+  std::vector<ncclComm_t> comms = initThreads(1);
+  ncclComm_t c = comms[0];
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  RankBuffers b(1, 256);
+  b.fill(0, 2.0f, s);
+  float* pinnedScalar = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinnedScalar, sizeof(float)), cudaSuccess);
+  *pinnedScalar = 3.0f;
+  ncclRedOp_t op;
+  ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, pinnedScalar, ncclFloat, ncclScalarDevice, c),
+            ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(b.bufs[0], b.bufs[0], b.count, ncclFloat, op, c, s), ncclSuccess)
+      << ncclGetLastError(c);
+  EXPECT_EQ(b.check(0, 6.0f, s), "");
+  ncclRedOpDestroy(op, c);
+
+  float pageableScalar = 5.0f;
+  ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &pageableScalar, ncclFloat, ncclScalarDevice, c),
+            ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(b.bufs[0], b.bufs[0], b.count, ncclFloat, op, c, s), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(c)).find("cannot read"), std::string::npos)
+      << ncclGetLastError(c);
+  ncclRedOpDestroy(op, c);
+
+  float* devScalar = nullptr;
+  ASSERT_EQ(cudaMalloc(&devScalar, sizeof(float)), cudaSuccess);
+  const float seven = 7.0f;
+  ASSERT_EQ(cudaMemcpy(devScalar, &seven, sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, devScalar, ncclFloat, ncclScalarDevice, c), ncclSuccess);
+  std::vector<float> h(64, 2.0f);
+  EXPECT_EQ(ncclAllReduce(h.data(), h.data(), 64, ncclFloat, op, c, s), ncclSuccess)
+      << ncclGetLastError(c);
+  EXPECT_EQ(h[0], 14.0f);
+  EXPECT_EQ(h[63], 14.0f);
+  ncclRedOpDestroy(op, c);
+
+  EXPECT_EQ(ncclAllReduce(b.bufs[0], b.bufs[0], b.count, ncclFloat, ncclSum, c, s), ncclSuccess)
+      << ncclGetLastError(c);  // still usable after the refusal
+  EXPECT_EQ(b.check(0, 6.0f, s), "");
+  cudaFree(devScalar);
+  cudaFreeHost(pinnedScalar);
+  cudaStreamDestroy(s);
+  destroyAll(comms);
+}
+
+// One kernel carries at most 16 sends and receives to other ranks: more in one group is refused
+// at ncclGroupEnd before anything runs, and both ranks go on.
+TEST(GpuValidation, TooManySendsInOneGroupAreRefusedBeforeAnythingRuns) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  TwoRanks t;
+  RankBuffers b(2, 1024);
+  for (int r = 0; r < 2; ++r) b.fill(r, float(r + 1), t.streams[r]);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int i = 0; i < 17; ++i) {
+    ASSERT_EQ(ncclSend(b.bufs[0], b.count, ncclFloat, 1, t.comms[0], t.streams[0]), ncclSuccess);
+  }
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("at most 16"), std::string::npos)
+      << ncclGetLastError(nullptr);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], b.count, ncclFloat, ncclSum,
+                            t.comms[r], t.streams[r]),
+              ncclSuccess);
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(b.check(r, 3.0f, t.streams[r]), "");
+}
+
+// An error the application's own CUDA call left pending is still there after a collective
+// (tutti clears only the errors of its own calls).
+TEST(GpuValidation, TheApplicationsPendingCudaErrorIsLeftForIt) {
+  SKIP_WITHOUT_GPU();
+  std::vector<ncclComm_t> comms = initThreads(1);
+  RankBuffers b(1, 256);
+  b.fill(0, 1.0f, nullptr);
+  void* huge = nullptr;
+  ASSERT_NE(cudaMalloc(&huge, size_t(1) << 62), cudaSuccess);
+  EXPECT_EQ(ncclAllReduce(b.bufs[0], b.bufs[0], b.count, ncclFloat, ncclSum, comms[0], nullptr),
+            ncclSuccess)
+      << ncclGetLastError(comms[0]);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(b.check(0, 1.0f, nullptr), "");
+  destroyAll(comms);
+}
+
+}  // namespace
