@@ -15,6 +15,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,20 +48,47 @@ void usage(FILE* f) {
           "tuttiCommInitFromEnv expects. Exits with the status of the first rank that fails.\n");
 }
 
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+// Binds port on the loopback address to see whether it is free (0: any; the port bound).
+int tryPort(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof(a);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    perror("tutti-run: finding a free port");
-    exit(2);
+  int got = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    got = ntohs(a.sin_port);
   }
-  int port = ntohs(a.sin_port);
   close(fd);
-  return port;
+  return got;
+}
+
+// A port for rank 0 to listen on. It is free now but not held, so it is taken below the
+// kernel's ephemeral range where that leaves room: a port the kernel hands out (bind to port 0)
+// may go meanwhile to any connection this machine opens, and rank 0 then failed with "address
+// already in use" (seen in ctest -j2).
+int freePort(int avoid) {
+  int lowEphemeral = 32768;
+  if (FILE* f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (fscanf(f, "%d", &lowEphemeral) != 1) lowEphemeral = 32768;
+    fclose(f);
+  }
+  constexpr int kLowest = 20000;
+  for (int i = 0; i < 200 && lowEphemeral - kLowest > 1000; ++i) {
+    uint32_t r = 0;
+    if (getrandom(&r, sizeof(r), 0) != sizeof(r)) break;
+    const int port = kLowest + int(r % uint32_t(lowEphemeral - kLowest));
+    if (port != avoid && tryPort(port) == port) return port;
+  }
+  for (int i = 0; i < 10; ++i) {
+    const int port = tryPort(0);
+    if (port > 0 && port != avoid) return port;
+  }
+  perror("tutti-run: finding a free port");
+  exit(2);
 }
 
 std::string randomHex() {
@@ -148,9 +176,8 @@ int main(int argc, char** argv) {
   sigprocmask(SIG_BLOCK, &mask, nullptr);
   int sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
 
-  int masterPort = freePort();
-  int tuttiPort = freePort();
-  while (tuttiPort == masterPort) tuttiPort = freePort();
+  int masterPort = freePort(-1);
+  int tuttiPort = freePort(masterPort);
   std::string secret = randomHex();
 
   std::vector<Rank> ranks(static_cast<size_t>(n));
