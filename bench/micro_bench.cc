@@ -62,7 +62,7 @@ void BM_Reduce(benchmark::State& state) {
   }
   Reducer<T, F> r;
   r.hasPost = state.range(0) != 0;  // with ncclAvg's divide
-  r.postDivisor = typename Elem<T>::Acc(2);
+  r.postDivisor = 2;
   for (auto _ : state) {
     r.reduce(out.data(), a.data(), b.data(), kElems, true);
     benchmark::DoNotOptimize(out.data());

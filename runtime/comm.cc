@@ -106,9 +106,9 @@ Status Comm::destroyOp(int op) {
 
 Result<RedOpSpec> Comm::resolveOp(int op, int dtype) const {
   RedOpSpec spec;
+  if (op == ncclAvg) return averageSpec(dtype, nranks_);
   if (op >= 0 && op < ncclNumOps) {
-    spec.fn = op == ncclAvg ? ncclSum : op;
-    spec.post = op == ncclAvg;
+    spec.fn = op;
     return spec;
   }
   std::lock_guard<std::mutex> lock(mu_);

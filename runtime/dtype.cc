@@ -1,5 +1,8 @@
 #include "runtime/dtype.h"
 
+#include <cstring>
+
+#include "kernels/cpu/types.h"
 #include "nccl.h"
 
 namespace tutti {
@@ -37,6 +40,34 @@ const char* redOpName(int op) {
   static const char* kNames[] = {"sum", "prod", "max", "min", "avg"};
   if (op >= ncclNumOps) return "premulsum";
   return op >= 0 ? kNames[op] : "unknown";
+}
+
+RedOpSpec averageSpec(int dtype, int nranks) {
+  RedOpSpec spec;
+  spec.fn = ncclSum;
+  const double inv = 1.0 / nranks;
+  auto put = [&spec](auto v) {
+    static_assert(sizeof(v) <= sizeof(spec.scalar));
+    memcpy(spec.scalar, &v, sizeof(v));
+    spec.pre = true;
+  };
+  switch (nranks > 1 ? dtype : -1) {
+    case ncclFloat16:
+      put(cpu::Elem<cpu::half_t>::store(float(inv)));
+      break;
+    case ncclBfloat16:
+      put(cpu::Elem<cpu::bf16_t>::store(float(inv)));
+      break;
+    case ncclFloat32:
+      put(float(inv));
+      break;
+    case ncclFloat64:
+      put(inv);
+      break;
+    default:  // one rank (a copy), integers, fp8 (1/n in 3 mantissa bits would be far off)
+      spec.post = true;
+  }
+  return spec;
 }
 
 }  // namespace tutti

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -25,17 +26,22 @@ struct Reducer {
   bool hasPre = false;
   Acc preScalar{};
   bool hasPost = false;
-  Acc postDivisor{};
+  // Avg's nranks, in a type that holds it (an int8 Acc would make 128 ranks -128).
+  using Div = std::conditional_t<std::is_integral_v<Acc>,
+                                 std::conditional_t<std::is_signed_v<Acc>, int64_t, uint64_t>, Acc>;
+  Div postDivisor{};
 
   static Acc combine(Acc a, Acc b) {
     if constexpr (F == RedFn::kSum) return add(a, b);
     if constexpr (F == RedFn::kProd) return mul(a, b);
-    if constexpr (F == RedFn::kMax) return a < b ? b : a;
-    if constexpr (F == RedFn::kMin) return b < a ? b : a;
+    // Max and Min drop a NaN unless both are NaN (fmax / fmin, as NCCL's kernels): the same
+    // result whichever operand holds it, so wherever a rank sits in the ring.
+    if constexpr (F == RedFn::kMax) return (a < b || a != a) ? b : a;
+    if constexpr (F == RedFn::kMin) return (b < a || a != a) ? b : a;
   }
   Acc pre(Acc v) const { return hasPre ? mul(v, preScalar) : v; }
   bool preIsIdentity() const { return !hasPre; }
-  Acc post(Acc v) const { return hasPost ? v / postDivisor : v; }
+  Acc post(Acc v) const { return hasPost ? Acc(Div(v) / postDivisor) : v; }
 
   // dst[i] = pre(src[i])
   void preCopy(T* dst, const T* src, size_t n) const {

@@ -95,12 +95,11 @@ void exchangeAllReduce(const CollArgs& op, const algo::RingArgs& a, const Reduce
 template <typename T, RedFn F>
 void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
                   transport::FifoView* sendTo, transport::FifoView* recvFrom, Waiter* w) {
-  using E = Elem<T>;
   Reducer<T, F> fn;
   setPre(op, &fn);
   if (op.red.post) {
     fn.hasPost = true;
-    fn.postDivisor = static_cast<typename E::Acc>(ra.nranks);
+    fn.postDivisor = static_cast<decltype(fn.postDivisor)>(ra.nranks);
   }
   // The input goes to a peer that reduces it from its slot: straight from the input where
   // that saves a copy (tcp), and over shm while copies into the peer's slots run slow (the
@@ -149,7 +148,6 @@ void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
 // halving's may go straight from it (swap, below).
 template <typename T, RedFn F>
 void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, RdShape shape, Waiter* w) {
-  using E = Elem<T>;
   const algo::RdPlan plan = algo::rdPlan(rank, n);
   Reducer<T, F> first;  // pre only: the local pass
   setPre(op, &first);
@@ -158,7 +156,7 @@ void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, RdShape sh
   Reducer<T, F> mid, last;  // plain combination; the last adds Avg's division
   if (op.red.post) {
     last.hasPost = true;
-    last.postDivisor = static_cast<typename E::Acc>(n);
+    last.postDivisor = static_cast<decltype(last.postDivisor)>(n);
   }
   // One stage with one partner, in slot-sized pieces (both ends share the link's slot size).
   auto stage = [&](transport::FifoView* to, transport::FifoView* from, const Reducer<T, F>& fn,
@@ -255,12 +253,11 @@ void runRd(const CollArgs& op, int rank, int n, const RdLinks& links, RdShape sh
 // be scheduled.
 template <typename T, RedFn F>
 void runFlat(const CollArgs& op, int rank, int n, const FlatLinks& links, Waiter* w) {
-  using E = Elem<T>;
   Reducer<T, F> first, mid, last;
   setPre(op, &first);
   if (op.red.post) {
     last.hasPost = true;
-    last.postDivisor = static_cast<typename E::Acc>(n);
+    last.postDivisor = static_cast<decltype(last.postDivisor)>(n);
   }
   thread_local std::vector<unsigned char> scratch;
   scratch.resize(op.count * sizeof(T));

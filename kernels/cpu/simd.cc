@@ -14,12 +14,14 @@ namespace tutti::cpu::simd {
 #if defined(__x86_64__)
 namespace {
 
+// As the scalar loop (reduce.h): max and min give b where a is NaN, else a where b is.
 template <int Fn>
 __attribute__((target("avx,f16c"))) inline __m256 combine(__m256 a, __m256 b) {
   if constexpr (Fn == 0) return _mm256_add_ps(a, b);
   if constexpr (Fn == 1) return _mm256_mul_ps(a, b);
-  if constexpr (Fn == 2) return _mm256_max_ps(b, a);  // (b > a) ? b : a, as the scalar loop
-  return _mm256_min_ps(b, a);                         // (b < a) ? b : a
+  // max_ps(b, a) is (b > a) ? b : a: a where either is NaN.
+  const __m256 r = Fn == 2 ? _mm256_max_ps(b, a) : _mm256_min_ps(b, a);
+  return _mm256_blendv_ps(r, b, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
 }
 
 template <int Fn>
@@ -40,7 +42,10 @@ __attribute__((target("avx,f16c"))) void loop(uint16_t* dst, const uint16_t* a, 
   for (; i < n; ++i) {  // the tail, as the scalar loop does it
     float x = HalfFormat::decode(a[i]), y = HalfFormat::decode(b[i]);
     if (hasPre) y *= pre;
-    float r = Fn == 0 ? x + y : Fn == 1 ? x * y : Fn == 2 ? (x < y ? y : x) : (y < x ? y : x);
+    float r = Fn == 0   ? x + y
+              : Fn == 1 ? x * y
+              : Fn == 2 ? ((x < y || x != x) ? y : x)
+                        : ((y < x || x != x) ? y : x);
     if (hasPost) r /= divisor;
     dst[i] = uint16_t(HalfFormat::encode(r));
   }

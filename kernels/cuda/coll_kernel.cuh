@@ -28,7 +28,7 @@ __device__ void setUp(P& p, const DevWork& w, const DevOp& op, const DevConn* sc
     p.red.preScalar = E::load(s);
   }
   p.red.hasPost = op.hasPost != 0;
-  if (op.hasPost) p.red.postDivisor = static_cast<typename E::Acc>(w.nranks);
+  if (op.hasPost) p.red.postDivisor = static_cast<decltype(p.red.postDivisor)>(w.nranks);
   p.ctx = WaitCtx{&w, sh, sc, rc, channel, op.kind, op.seq};
   p.failed_ = false;
   // Each end's step is a counter only it writes (see DevConn). Two threads read the two at

@@ -107,16 +107,20 @@ struct Red {
   bool hasPre = false;
   bool hasPost = false;
   Acc preScalar{};
-  Acc postDivisor{};
+  // Avg's nranks, in a type that holds it (an int8 Acc would make 128 ranks -128).
+  using Div = std::conditional_t<std::is_integral_v<Acc>,
+                                 std::conditional_t<std::is_signed_v<Acc>, int64_t, uint64_t>, Acc>;
+  Div postDivisor{};
 
   __device__ static Acc combine(Acc a, Acc b) {
     if constexpr (F == kFnSum) return add(a, b);
     if constexpr (F == kFnProd) return mul(a, b);
-    if constexpr (F == kFnMax) return a < b ? b : a;
-    if constexpr (F == kFnMin) return b < a ? b : a;
+    // NaN dropped unless both are (fmax / fmin, as NCCL): kernels/cpu/reduce.h's rule.
+    if constexpr (F == kFnMax) return (a < b || a != a) ? b : a;
+    if constexpr (F == kFnMin) return (b < a || a != a) ? b : a;
   }
   __device__ Acc pre(Acc v) const { return hasPre ? mul(v, preScalar) : v; }
-  __device__ Acc post(Acc v) const { return hasPost ? v / postDivisor : v; }
+  __device__ Acc post(Acc v) const { return hasPost ? Acc(Div(v) / postDivisor) : v; }
 
  private:
   __device__ static Acc add(Acc a, Acc b) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -16,6 +17,7 @@
 
 #include "collectives/matrix.h"
 #include "harness/harness.h"
+#include "kernels/cpu/types.h"
 #include "runtime/comm.h"
 #include "runtime/links.h"
 #include "runtime/waiter.h"
@@ -274,6 +276,81 @@ TEST(Broadcast, NonRootRanksMayPassNullSendbuff) {
         << ncclGetLastError(comms[size_t(r)]);
   });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(out[size_t(r)], in) << "rank " << r;
+  destroyAll(comms);
+}
+
+// Max and Min drop a NaN unless every rank holds one there (fmax / fmin, as NCCL's kernels):
+// whichever rank holds it, so wherever that rank sits in a chunk's chain, whatever algorithm
+// the size picks (16 elements: the small all-reduce; 1 Mi: the ring), float (scalar loop) and
+// fp16 (the vector loop). Before, a NaN survived only where its rank started a chain.
+TEST(Reductions, MaxAndMinDropANaNWhereverItsRankSits) {
+  constexpr int n = 4;
+  std::vector<ncclComm_t> comms = initThreads(n);
+  for (size_t count : {size_t(16), size_t(1) << 20}) {
+    for (int dtype : {int(ncclFloat32), int(ncclFloat16)}) {
+      for (int fn : {int(ncclMax), int(ncclMin)}) {
+        const int q = 1;  // the rank with NaN everywhere; every rank has NaN at element 0
+        std::vector<std::vector<float>> f(n);
+        std::vector<std::vector<uint16_t>> h(n);
+        onThreads(n, [&](int r) {
+          void* buf;
+          if (dtype == ncclFloat32) {
+            f[size_t(r)].assign(count, r == q ? std::nanf("") : float(r + 1));
+            f[size_t(r)][0] = std::nanf("");
+            buf = f[size_t(r)].data();
+          } else {
+            h[size_t(r)].assign(count, r == q ? 0x7e00 : uint16_t(0x3c00 + 0x400 * r));  // 2^r
+            h[size_t(r)][0] = 0x7e00;
+            buf = h[size_t(r)].data();
+          }
+          EXPECT_EQ(ncclAllReduce(buf, buf, count, ncclDataType_t(dtype), ncclRedOp_t(fn),
+                                  comms[size_t(r)], nullptr),
+                    ncclSuccess)
+              << ncclGetLastError(comms[size_t(r)]);
+        });
+        // Ranks 0, 2, 3 hold 1, 3, 4 (float) or 1, 4, 8 (fp16).
+        const float want = fn == ncclMax ? (dtype == ncclFloat32 ? 4.0f : 8.0f) : 1.0f;
+        for (int r = 0; r < n; ++r) {
+          for (size_t i = 0; i < count; ++i) {
+            float got;
+            if (dtype == ncclFloat32) {
+              got = f[size_t(r)][i];
+            } else {
+              tutti::cpu::half_t x{h[size_t(r)][i]};
+              got = tutti::cpu::Elem<tutti::cpu::half_t>::load(x);
+            }
+            const bool ok = i == 0 ? std::isnan(got) : got == want;
+            ASSERT_TRUE(ok) << "dtype " << dtype << " op " << fn << " count " << count << " rank "
+                            << r << " element " << i << ": " << got;
+          }
+        }
+      }
+    }
+  }
+  destroyAll(comms);
+}
+
+// ncclAvg on fp16 as NCCL computes it (each input times 1/nranks, then the sum): 8 ranks of
+// 16384 average to 16384 whatever the algorithm. Summing first overflowed where a partial sum
+// is stored as fp16 (the ring): 4 x 16384 is past fp16's largest value, 65504, so inf.
+TEST(Reductions, AnFp16AverageDoesNotOverflowOnTheWay) {
+  constexpr int n = 8;
+  std::vector<ncclComm_t> comms = initThreads(n);
+  for (size_t count : {size_t(16), size_t(1) << 18}) {
+    std::vector<std::vector<uint16_t>> h(n, std::vector<uint16_t>(count, 0x7400));  // 16384
+    onThreads(n, [&](int r) {
+      EXPECT_EQ(ncclAllReduce(h[size_t(r)].data(), h[size_t(r)].data(), count, ncclFloat16, ncclAvg,
+                              comms[size_t(r)], nullptr),
+                ncclSuccess)
+          << ncclGetLastError(comms[size_t(r)]);
+    });
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(h[size_t(r)][i], 0x7400)
+            << "count " << count << " rank " << r << " element " << i;
+      }
+    }
+  }
   destroyAll(comms);
 }
 

@@ -143,7 +143,7 @@ TEST(StateAllReduce, ExchangeWhileSlotCopiesRunSlowTheRingOtherwise) {
     const std::vector<ExchangeCase> cases = {
         {ncclFloat32, ncclSum, 5 * 16384 + 7}, {ncclFloat64, ncclProd, 3 * 8192 + 1},
         {ncclInt32, ncclMax, 2 * 16384},       {ncclInt64, ncclMin, 8192 + 100},
-        {ncclFloat32, ncclAvg, 16384 + 9},     {ncclInt32, ncclSum, 40000},
+        {ncclInt32, ncclAvg, 16384 + 9},       {ncclInt32, ncclSum, 40000},
         {ncclFloat32, ncclSum, (1 << 20) + 7},
     };
     std::vector<ncclComm_t> comms = initThreads(2);

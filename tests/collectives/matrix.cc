@@ -319,9 +319,20 @@ Expect reduceOracle(const Case& c, int nranks, size_t j) {
     e.bits = loadBits(c.dtype, buf);
     return e;
   }
-  double acc = 0;
+  // ncclAvg on fp16, bf16, float and double, as NCCL: each input times 1/nranks rounded to the
+  // type, then the sum (tutti::averageSpec); a rounding per partial sum.
+  const bool avgFirst =
+      c.op == ncclAvg && nranks > 1 && c.dtype != ncclFloat8e4m3 && c.dtype != ncclFloat8e5m2;
+  double inv = 1;
+  if (avgFirst) {
+    uint8_t buf[8];
+    store(c.dtype, 1.0 / nranks, buf);
+    inv = loadFloat(c.dtype, buf);
+  }
+  double acc = 0, magnitude = 0;
   for (int r = 0; r < nranks; ++r) {
-    double v = inputValue(c, r, j) * (pre ? preScalar(c) : 1);
+    double v = inputValue(c, r, j) * (pre ? preScalar(c) : 1) * inv;
+    magnitude += std::fabs(v);
     if (r == 0) {
       acc = v;
     } else if (fn == ncclSum) {
@@ -334,7 +345,9 @@ Expect reduceOracle(const Case& c, int nranks, size_t j) {
       acc = std::min(acc, v);
     }
   }
-  if (c.op == ncclAvg) {
+  if (avgFirst) {
+    e.tol = nranks * epsOf(c.dtype) * magnitude + 1e-300;
+  } else if (c.op == ncclAvg) {
     acc /= nranks;
     e.tol = epsOf(c.dtype) * std::fabs(acc) + 1e-300;
   }

@@ -3,7 +3,8 @@
 // root. Each rank runs the same list of cases and checks its own output against an oracle
 // computed here from every rank's input (exact for integers; in double for floats, with
 // inputs chosen so that sums, products and extremes are exact in every float format, so only
-// ncclAvg's single final rounding needs a tolerance). Output buffers are poisoned before
+// ncclAvg needs a tolerance: fp8's final division, and for the other floats the inputs
+// scaled by 1/nranks in the type and summed, as NCCL). Output buffers are poisoned before
 // every call, so a result that was never written cannot pass.
 #pragma once
 

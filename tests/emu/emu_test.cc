@@ -7,7 +7,9 @@
 // the CUDA calls of runtime/device_engine.cc and transports/p2p (tests/gpu does, on a GPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -143,8 +145,7 @@ std::vector<CollArgs> opsFor(const Case& c, int r, int n, const void* send, void
                              const uint8_t* scalar) {
   RedOpSpec red;
   if (c.op == ncclAvg) {
-    red.fn = 0;
-    red.post = true;
+    red = tutti::averageSpec(c.dtype, n);
   } else if (isPreMul(c.op)) {
     red.fn = 0;
     red.pre = true;
@@ -309,6 +310,74 @@ TEST(EmuFailures, ALonelyRankTimesOutNamingItsPeer) {
 
 // Operations after operations: each kernel finds its FIFO position in the counters, across
 // launches, protocols and send/recv on the ring's own FIFO.
+// Max and Min drop a NaN unless every rank holds one there (fmax / fmin, as NCCL): whichever
+// rank holds it, so wherever that rank sits in a chunk's chain. 4 ranks, 16 floats: a chunk of
+// 4 per rank, each chunk's chain starting on another rank. NaN in every element on rank q, and
+// in element 0 on every rank.
+TEST(EmuReductions, MaxAndMinDropANaNWhereverItsRankSits) {
+  constexpr int n = 4;
+  constexpr size_t kCount = 16;
+  const float nan = std::nanf("");
+  for (int fn : {int(ncclMax), int(ncclMin)}) {
+    for (int q = 0; q < n; ++q) {
+      EmuComm comm(n);
+      std::mutex mu;
+      std::vector<std::string> bad;
+      onThreads(n, [&](int r) {
+        std::vector<float> x = filled(kCount, float(r + 1));
+        if (r == q) x = filled(kCount, nan);
+        x[0] = nan;
+        RedOpSpec red;
+        red.fn = fn;
+        std::string e = comm.run(
+            r, {args(CollKind::kAllReduce, x.data(), x.data(), kCount, ncclFloat, 0, red)});
+        float want = 0;  // of the ranks other than q: 1..4 without q + 1
+        for (int p = 0; p < n; ++p) {
+          if (p == q) continue;
+          const float v = float(p + 1);
+          want = want == 0 ? v : fn == ncclMax ? std::max(want, v) : std::min(want, v);
+        }
+        if (e.empty() && !std::isnan(x[0])) e = "element 0 = " + std::to_string(x[0]) + ", not NaN";
+        for (size_t i = 1; i < kCount && e.empty(); ++i) {
+          if (!(x[i] == want)) {
+            e = "element " + std::to_string(i) + " = " + std::to_string(x[i]) + ", expected " +
+                std::to_string(want);
+          }
+        }
+        if (!e.empty()) {
+          std::lock_guard<std::mutex> lock(mu);
+          bad.push_back((fn == ncclMax ? "max" : "min") + std::string(", NaN on rank ") +
+                        std::to_string(q) + ", rank " + std::to_string(r) + ": " + e);
+        }
+      });
+      for (const std::string& b : bad) ADD_FAILURE() << b;
+    }
+  }
+}
+
+// ncclAvg on fp16 as NCCL computes it: 8 ranks of 16384 average to 16384, where summing first
+// overflowed (4 x 16384 is past fp16's 65504) and gave inf.
+TEST(EmuReductions, AnFp16AverageDoesNotOverflowOnTheWay) {
+  constexpr int n = 8;
+  constexpr size_t kCount = 1000;  // LL and Simple steps, two channels
+  EmuComm comm(n);
+  std::mutex mu;
+  std::vector<std::string> bad;
+  onThreads(n, [&](int r) {
+    std::vector<uint16_t> x(kCount, 0x7400);  // 16384
+    std::string e = comm.run(r, {args(CollKind::kAllReduce, x.data(), x.data(), kCount, ncclFloat16,
+                                      0, averageSpec(ncclFloat16, n))});
+    for (size_t i = 0; i < kCount && e.empty(); ++i) {
+      if (x[i] != 0x7400) e = "element " + std::to_string(i) + " = 0x" + std::to_string(x[i]);
+    }
+    if (!e.empty()) {
+      std::lock_guard<std::mutex> lock(mu);
+      bad.push_back("rank " + std::to_string(r) + ": " + e);
+    }
+  });
+  for (const std::string& b : bad) ADD_FAILURE() << b;
+}
+
 TEST(EmuSteps, MixedSequencesKeepBothEndsInStep) {
   EmuComm comm(3);
   std::mutex mu;
