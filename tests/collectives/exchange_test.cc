@@ -144,7 +144,8 @@ TEST(StateAllReduce, ExchangeWhileSlotCopiesRunSlowTheRingOtherwise) {
         {ncclFloat32, ncclSum, 5 * 16384 + 7}, {ncclFloat64, ncclProd, 3 * 8192 + 1},
         {ncclInt32, ncclMax, 2 * 16384},       {ncclInt64, ncclMin, 8192 + 100},
         {ncclInt32, ncclAvg, 16384 + 9},       {ncclInt32, ncclSum, 40000},
-        {ncclFloat32, ncclSum, (1 << 20) + 7},
+        {ncclFloat32, ncclSum, (1 << 20) + 7}, {ncclFloat64, ncclAvg, 8192 + 3},
+        {ncclFloat32, ncclAvg, 16384 + 9},  // halved after the sum over 2 ranks: the same bits
     };
     std::vector<ncclComm_t> comms = initThreads(2);
     onThreads(2, [&](int r) {
