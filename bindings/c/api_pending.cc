@@ -3,6 +3,7 @@
 // (buffer registration excepted: a hint, accepted and ignored).
 #include "bindings/c/api_common.h"
 #include "runtime/group.h"
+#include "runtime/log.h"
 
 using namespace tutti;
 using tutti::api::fail;
@@ -136,3 +137,30 @@ TUTTI_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* info) {
               invalidUsage("not implemented yet in tutti 0.1.0 (the group is closed; its "
                            "operations were dropped, none ran)"));
 }
+
+// NCCL 2.28's device API (nccl_device/*.h): host calls that set up communicators for kernels
+// the application writes against NCCL's device library, which tutti does not provide. Exported
+// so that a program built against NCCL 2.28 loads with tutti (PyTorch's symmetric memory
+// references the first two); each fails with a message. The barrier calls take a struct by
+// value whose layout NCCL keeps private: no argument is read.
+TUTTI_API ncclResult_t ncclDevCommCreate(ncclComm_t comm, const void*, void* outDevComm) {
+  if (!outDevComm) return fail("ncclDevCommCreate", invalidArgument("outDevComm is NULL"));
+  return notImplemented("ncclDevCommCreate (NCCL's device API)", comm);
+}
+
+TUTTI_API ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const void*) {
+  return notImplemented("ncclDevCommDestroy (NCCL's device API)", comm);
+}
+
+TUTTI_API ncclResult_t ncclLsaBarrierCreateRequirement(...) {
+  return fail("ncclLsaBarrierCreateRequirement",
+              invalidUsage("NCCL's device API is not implemented in tutti"));
+}
+
+TUTTI_API ncclResult_t ncclGinBarrierCreateRequirement(...) {
+  return fail("ncclGinBarrierCreateRequirement",
+              invalidUsage("NCCL's device API is not implemented in tutti"));
+}
+
+// Deprecated in NCCL, still exported there: the next log line reads NCCL_DEBUG* again.
+TUTTI_API void ncclResetDebugInit() { log::reinitForTest(); }

@@ -1,5 +1,5 @@
 # Checks the shared library NCCL programs load: SONAME libnccl.so.2, every function declared in
-# nccl.h exported, and no symbol of the bundled CUDA runtime leaking out.
+# nccl.h (and NCCL 2.28's device-API host calls) exported, and no symbol of the bundled CUDA runtime leaking out.
 execute_process(COMMAND readelf -d ${LIB} OUTPUT_VARIABLE dyn RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "readelf failed on ${LIB}")
@@ -14,6 +14,15 @@ set(missing "")
 set(n 0)
 foreach(d ${decls})
   string(REGEX REPLACE ".* (nccl[A-Za-z]+)\\(" "\\1" fn "${d}")
+  math(EXPR n "${n} + 1")
+  if(NOT syms MATCHES " T ${fn}\n")
+    list(APPEND missing ${fn})
+  endif()
+endforeach()
+# Declared in NCCL 2.28's nccl_device/*.h (not nccl.h), and referenced by programs built
+# against it (PyTorch's symmetric memory): a missing one fails the program's load.
+foreach(fn ncclDevCommCreate ncclDevCommDestroy ncclLsaBarrierCreateRequirement
+           ncclGinBarrierCreateRequirement ncclResetDebugInit)
   math(EXPR n "${n} + 1")
   if(NOT syms MATCHES " T ${fn}\n")
     list(APPEND missing ${fn})

@@ -12,6 +12,10 @@
 #include "nccl.h"
 #include "tutti.h"
 
+// NCCL 2.28's device-API host calls (nccl_device/*.h; their types are NCCL's own).
+extern "C" ncclResult_t ncclDevCommCreate(ncclComm_t, const void*, void*);
+extern "C" ncclResult_t ncclDevCommDestroy(ncclComm_t, const void*);
+
 namespace {
 
 class ApiValidation : public ::testing::Test {
@@ -237,6 +241,10 @@ TEST_F(ApiValidation, FunctionsOfLaterLayers) {
                                        static_cast<ncclScalarResidence_t>(9), comm_),
               ncclInvalidArgument, "residence 9");
   expectError(ncclRedOpDestroy(ncclSum, comm_), ncclInvalidArgument, "built-in");
+  char devComm[64];
+  expectError(ncclDevCommCreate(comm_, nullptr, devComm), ncclInvalidUsage, "device API");
+  expectError(ncclDevCommCreate(comm_, nullptr, nullptr), ncclInvalidArgument, "outDevComm");
+  expectError(ncclDevCommDestroy(comm_, devComm), ncclInvalidUsage, "device API");
   ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
   expectError(ncclGroupSimulateEnd(nullptr), ncclInvalidArgument, "simInfo is NULL");
   sim.magic = 1;
