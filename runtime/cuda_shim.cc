@@ -5,6 +5,7 @@
 #endif
 
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 namespace tutti::cuda {
@@ -96,34 +97,77 @@ PointerKind pointerKind(const void* ptr) {
 }
 
 int streamDevice(void* stream) {
+#if CUDART_VERSION >= 12080  // cudaStreamGetDevice is new in CUDA 12.8
   int d = -1;
   if (cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &d) != cudaSuccess) {
     cudaGetLastError();
     return -1;
   }
   return d;
+#else
+  (void)stream;
+  return -1;
+#endif
 }
 
-Status streamSynchronize(void* stream, int device) {
-  int saved = -1;
-  if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
-  if (device >= 0 && device != saved) {
-    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-      cudaGetLastError();
-      return cudaStatus("cudaSetDevice", e);
+namespace {
+// The calling thread's device set to `device` for its lifetime, in relaxed capture mode.
+class OnDevice {
+ public:
+  explicit OnDevice(int device) {
+    cudaThreadExchangeStreamCaptureMode(&mode_);
+    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
+    if (device >= 0 && device != saved_) {
+      set_ = cudaSetDevice(device);
+      changed_ = set_ == cudaSuccess;
     }
   }
-  const cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-  if (e != cudaSuccess) cudaGetLastError();
-  if (device >= 0 && device != saved && saved >= 0) cudaSetDevice(saved);
-  return e == cudaSuccess ? Status::Ok() : cudaStatus("cudaStreamSynchronize", e);
-}
+  ~OnDevice() {
+    if (changed_ && saved_ >= 0) cudaSetDevice(saved_);
+    cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  cudaError_t status() const { return set_; }
 
-Status copyToHost(void* dst, const void* src, size_t bytes) {
-  const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  int saved_ = -1;
+  bool changed_ = false;
+  cudaError_t set_ = cudaSuccess;
+};
+}  // namespace
+
+Status streamSynchronize(void* stream, int device) {
+  OnDevice on(device);
+  if (on.status() != cudaSuccess) {
+    cudaGetLastError();
+    return cudaStatus("cudaSetDevice", on.status());
+  }
+  const cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
   if (e == cudaSuccess) return Status::Ok();
   cudaGetLastError();
-  return cudaStatus("cudaMemcpy", e);
+  return cudaStatus("cudaStreamSynchronize", e);
+}
+
+Status readInStreamOrder(void* dst, const void* src, size_t bytes, void* stream, int device) {
+  if (bytes > 8) return invalidArgument("readInStreamOrder: more than 8 bytes");
+  OnDevice on(device);
+  if (on.status() != cudaSuccess) {
+    cudaGetLastError();
+    return cudaStatus("cudaSetDevice", on.status());
+  }
+  thread_local void* bounce = nullptr;  // one page-locked word per thread, kept
+  cudaError_t e = cudaSuccess;
+  if (!bounce) e = cudaHostAlloc(&bounce, 8, cudaHostAllocPortable);
+  if (e == cudaSuccess) {
+    e = cudaMemcpyAsync(bounce, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream));
+  }
+  if (e == cudaSuccess) e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return cudaStatus("reading GPU memory", e);
+  }
+  memcpy(dst, bounce, bytes);
+  return Status::Ok();
 }
 
 Status captureId(void* stream, unsigned long long* id) {
@@ -162,7 +206,7 @@ Status deviceFree(void*) { return Status(Code::kCudaError, "tutti was built with
 PointerKind pointerKind(const void*) { return {}; }
 int streamDevice(void*) { return -1; }
 Status streamSynchronize(void*, int) { return Status::Ok(); }
-Status copyToHost(void*, const void*, size_t) {
+Status readInStreamOrder(void*, const void*, size_t, void*, int) {
   return Status(Code::kCudaError, "tutti was built without CUDA");
 }
 Status captureId(void*, unsigned long long* id) {

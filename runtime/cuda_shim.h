@@ -34,14 +34,18 @@ struct PointerKind {
 PointerKind pointerKind(const void* ptr);
 inline bool isDevicePointer(const void* ptr) { return pointerKind(ptr).device; }
 // The stream handles that name a default stream (0, cudaStreamLegacy, cudaStreamPerThread)
-// rather than one the application made.
+// rather than one the application made; the legacy ones (0, cudaStreamLegacy) are never
+// captured.
 inline bool isDefaultStream(const void* stream) { return reinterpret_cast<uintptr_t>(stream) <= 2; }
+inline bool isLegacyStream(const void* stream) { return reinterpret_cast<uintptr_t>(stream) <= 1; }
 // The GPU a stream the application made belongs to; -1 when CUDA cannot say.
 int streamDevice(void* stream);
-// Waits, on device's context, for the work queued on stream so far.
+// Waits, on device's context, for the work queued on stream so far. Allowed while another
+// thread captures a graph (relaxed capture mode).
 Status streamSynchronize(void* stream, int device);
-// A synchronous copy out of memory a GPU holds (cudaMemcpy, cudaMemcpyDefault).
-Status copyToHost(void* dst, const void* src, size_t bytes);
+// Reads bytes (at most 8) of GPU memory in stream order on stream, through page-locked memory
+// (a copy to pageable memory may wait for the whole GPU), and waits for it.
+Status readInStreamOrder(void* dst, const void* src, size_t bytes, void* stream, int device);
 // The CUDA graph capture a stream is in: 0 when it captures nothing, else the capture's id.
 // A capture already invalidated is an error. A query CUDA allows while the stream captures.
 Status captureId(void* stream, unsigned long long* id);

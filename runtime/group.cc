@@ -10,6 +10,7 @@
 #include "runtime/comm.h"
 #include "runtime/cuda_shim.h"
 #include "runtime/device_engine.h"
+#include "runtime/dtype.h"
 #include "runtime/engine.h"
 #include "runtime/links.h"
 #include "runtime/log.h"
@@ -201,11 +202,55 @@ Status checkSendRecvs(const Comm* comm, const CollArgs* ops, size_t n) {
                       std::to_string(dev::kMaxOps) + " are supported yet; nothing ran");
 }
 
+// Host buffers on a GPU rank: the CPU engine runs them as the group runs, after the work the
+// caller queued before on their streams (a copy into the buffer, a kernel that wrote it), as
+// NCCL's kernels would. On the caller's thread (cudaStreamPerThread names its stream). A
+// device-resident PreMulSum scalar is read then, in the stream's order. The legacy default
+// stream is not waited for: a process that uses no GPU would get a CUDA context from that
+// (and work on it cannot write pageable memory but through a synchronous copy).
+bool needsStreams(const Comm* comm, const CollArgs* ops, size_t n) {
+  if (comm->cudaDev() < 0) return false;
+  for (size_t i = 0; i < n; ++i) {
+    if (!ops[i].device && (!cuda::isLegacyStream(ops[i].stream) || ops[i].red.scalarPtr)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+Status followStreams(const Comm* comm, CollArgs* ops, size_t n) {
+  const std::string who = "rank " + std::to_string(comm->rank()) + ": ";
+  for (size_t i = 0; i < n; ++i) {
+    CollArgs& op = ops[i];
+    if (op.device) continue;
+    bool waited = cuda::isLegacyStream(op.stream);
+    for (size_t j = 0; j < i && !waited; ++j) waited = !ops[j].device && ops[j].stream == op.stream;
+    if (!waited) {
+      TUTTI_TRY(cuda::streamSynchronize(op.stream, comm->cudaDev())
+                    .withContext(who + "waiting for the caller's stream before a host-buffer " +
+                                 op.name));
+    }
+    if (op.red.scalarPtr && cuda::pointerKind(op.red.scalarPtr).device) {
+      TUTTI_TRY(cuda::readInStreamOrder(op.red.scalar, op.red.scalarPtr, dtypeSize(op.dtype),
+                                        op.stream, comm->cudaDev())
+                    .withContext(who + op.name + ": reading the PreMulSum scalar"));
+      op.red.scalarPtr = nullptr;
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status submit(Comm* comm, const CollArgs* ops, size_t n) {
   if (!active()) {
     Status s = checkSendRecvs(comm, ops, n);
+    std::vector<CollArgs> followed;
+    if (s.ok() && needsStreams(comm, ops, n)) {
+      followed.assign(ops, ops + n);
+      s = followStreams(comm, followed.data(), n);
+      ops = followed.data();
+    }
     if (s.ok()) s = comm->engine().run(ops, n);
     comm->unpin();
     return s;
@@ -270,9 +315,13 @@ Status end(bool run) {
                                        " queued operations were dropped, none ran");
   }
   if (!batches.empty()) {
-    for (const Batch& b : batches) {
+    for (Batch& b : batches) {
       if (first.ok() && run) first = checkSendRecvs(b.comm, b.ops.data(), b.ops.size());
       if (first.ok() && run) first = checkCaptures(b);
+    }
+    for (Batch& b : batches) {
+      if (first.ok() && run && needsStreams(b.comm, b.ops.data(), b.ops.size()))
+        first = followStreams(b.comm, b.ops.data(), b.ops.size());
     }
     if (first.ok() && run) first = runBatches(batches);
     for (Batch& b : batches) {

@@ -87,7 +87,7 @@ int freePort(int avoid) {
     const int port = tryPort(0);
     if (port > 0 && port != avoid) return port;
   }
-  perror("tutti-run: finding a free port");
+  fprintf(stderr, "tutti-run: found no free port on 127.0.0.1\n");
   exit(2);
 }
 

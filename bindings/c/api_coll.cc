@@ -49,18 +49,11 @@ bool scalesWithRanks(Kind k) {
 }
 
 // What GPU buffers need, checked before anything is queued (later, a failure would break the
-// communicator): the caller's stream on the communicator's GPU, and the ranks the call reaches
-// on GPUs of this host (the p2p and shm transports; no network transport carries GPU
-// buffers yet).
-Status checkDeviceCall(const Call& c, Comm* comm) {
+// communicator): the ranks the call reaches on GPUs of this host (the p2p and shm transports;
+// no network transport carries GPU buffers yet), and the caller's stream on the
+// communicator's GPU.
+Status checkReach(const Call& c, Comm* comm) {
   const int me = comm->rank();
-  if (!cuda::isDefaultStream(c.stream)) {
-    const int d = cuda::streamDevice(c.stream);
-    if (d >= 0 && d != comm->cudaDev()) {
-      return invalidArgument("the stream belongs to GPU " + std::to_string(d) +
-                             " but the communicator is on GPU " + std::to_string(comm->cudaDev()));
-    }
-  }
   const std::vector<PeerInfo>& peers = comm->peers();
   auto reach = [&](int p) -> Status {
     const PeerInfo& q = peers[static_cast<size_t>(p)];
@@ -81,6 +74,16 @@ Status checkDeviceCall(const Call& c, Comm* comm) {
   if (peers.size() != static_cast<size_t>(comm->nranks())) return Status::Ok();
   for (int p = 0; p < comm->nranks(); ++p) {
     if (p != me) TUTTI_TRY(reach(p));
+  }
+  return Status::Ok();
+}
+
+Status checkStream(const Call& c, Comm* comm) {
+  if (cuda::isDefaultStream(c.stream)) return Status::Ok();
+  const int d = cuda::streamDevice(c.stream);
+  if (d >= 0 && d != comm->cudaDev()) {
+    return invalidArgument("the stream belongs to GPU " + std::to_string(d) +
+                           " but the communicator is on GPU " + std::to_string(comm->cudaDev()));
   }
   return Status::Ok();
 }
@@ -131,21 +134,28 @@ Status validate(const Call& c, Comm* comm, RedOpSpec* red, bool* device) {
       needSend = false;
     if (needSend && !c.send) return invalidArgument("sendbuff is NULL with count > 0");
     if (needRecv && !c.recv) return invalidArgument("recvbuff is NULL with count > 0");
-    // Host buffers run on the CPU engine, GPU buffers as kernels; never one of each. A GPU
-    // rank's kernels also take page-locked host memory they reach at its own address (mapped,
-    // as NCCL does), in stream order.
+    // Host buffers run on the CPU engine, GPU buffers as kernels; never one of each. Kernels
+    // also take page-locked host memory they reach at its own address (mapped) next to GPU
+    // memory; and a call on page-locked memory alone runs as kernels, in stream order as NCCL
+    // runs it, where every rank it reaches is a GPU rank of this host (the kernel path's own
+    // condition, the same on every rank: else the CPU engine, as for any host buffer).
     cuda::PointerKind sendKind = needSend ? cuda::pointerKind(c.send) : cuda::PointerKind{};
     cuda::PointerKind recvKind = !needRecv                      ? cuda::PointerKind{}
                                  : needSend && c.recv == c.send ? sendKind  // in place
                                                                 : cuda::pointerKind(c.recv);
     if (comm->cudaDev() >= 0) {
-      sendKind.device |= sendKind.mapped;
-      recvKind.device |= recvKind.mapped;
+      const bool gpuMemory = sendKind.device || recvKind.device;
+      const bool mappedOnly =
+          !gpuMemory && (!needSend || sendKind.mapped) && (!needRecv || recvKind.mapped);
+      if (gpuMemory || (mappedOnly && checkReach(c, comm).ok())) {
+        sendKind.device |= sendKind.mapped;
+        recvKind.device |= recvKind.mapped;
+      }
     }
     if (needSend && needRecv && sendKind.device != recvKind.device) {
       return invalidArgument(std::string(sendKind.device ? "sendbuff" : "recvbuff") +
                              " is GPU memory but " + (sendKind.device ? "recvbuff" : "sendbuff") +
-                             " is host memory: both must be of one kind");
+                             " is pageable host memory: both must be of one kind");
     }
     *device = sendKind.device || recvKind.device;
     if (*device && comm->cudaDev() < 0) {
@@ -161,7 +171,10 @@ Status validate(const Call& c, Comm* comm, RedOpSpec* red, bool* device) {
       }
     }
   }
-  if (*device) TUTTI_TRY(checkDeviceCall(c, comm));
+  if (*device) {
+    TUTTI_TRY(checkReach(c, comm));
+    TUTTI_TRY(checkStream(c, comm));
+  }
   if (c.op != kNone) {
     TUTTI_ASSIGN(spec, comm->resolveOp(c.op, c.dtype));
     *red = spec;
@@ -242,34 +255,20 @@ std::vector<CollArgs> expand(const Call& c, Comm* comm, const RedOpSpec& red, bo
   return ops;
 }
 
-// Host buffers on a GPU rank run on the CPU engine, which returns when the operation is done.
-// So that it also follows the caller's earlier work on its stream (a copy into the buffer, a
-// kernel that wrote it), it first waits for that stream. The default-stream handles are not
-// waited for: a process that uses no GPU would get a CUDA context from that (and work on them
-// cannot write pageable memory but through a synchronous copy). A stream being captured
-// cannot hold a host operation. A device-resident PreMulSum scalar is read now, after the wait.
-Status orderHostCall(const Call& c, Comm* comm, RedOpSpec* red) {
+// Host buffers on a GPU rank run on the CPU engine when the group runs (group::submit waits
+// for the caller's stream first), not when a graph is replayed: a stream being captured is
+// refused (the legacy default stream never is).
+Status refuseCapture(const Call& c, Comm* comm) {
   void* stream = static_cast<void*>(c.stream);
-  if (!cuda::isDefaultStream(stream)) {
-    unsigned long long capture = 0;
-    TUTTI_TRY(cuda::captureId(stream, &capture));
-    if (capture) {
-      return invalidUsage(
-          "rank " + std::to_string(comm->rank()) +
-          ": host buffers cannot be captured into a CUDA graph (the stream is capturing): the "
-          "CPU runs the operation when it is called, not when the graph is replayed");
-    }
-    TUTTI_TRY(cuda::streamSynchronize(stream, comm->cudaDev())
-                  .withContext("rank " + std::to_string(comm->rank()) +
-                               ": waiting for the caller's stream before a host-buffer " +
-                               std::string(c.fn + 4)));
-  }
-  if (red->scalarPtr && cuda::pointerKind(red->scalarPtr).device) {
-    TUTTI_TRY(cuda::copyToHost(red->scalar, red->scalarPtr, api::typeSize(c.dtype))
-                  .withContext("reading the PreMulSum scalar from GPU memory"));
-    red->scalarPtr = nullptr;
-  }
-  return Status::Ok();
+  if (cuda::isLegacyStream(stream)) return Status::Ok();
+  unsigned long long capture = 0;
+  TUTTI_TRY(cuda::captureId(stream, &capture));
+  if (!capture) return Status::Ok();
+  return invalidUsage("rank " + std::to_string(comm->rank()) + " of " +
+                      std::to_string(comm->nranks()) +
+                      ": host buffers cannot be captured into a CUDA graph (the stream is "
+                      "capturing): the CPU runs the operation when it is called, not when the "
+                      "graph is replayed");
 }
 
 // A refused call fails alone; inside a group it also fails the group (group::noteError).
@@ -298,7 +297,7 @@ ncclResult_t enqueue(const Call& c) {
     return ncclSuccess;
   }
   if (!device && comm->cudaDev() >= 0) {
-    if (Status s = orderHostCall(c, comm, &red); !s.ok()) {
+    if (Status s = refuseCapture(c, comm); !s.ok()) {
       comm->unpin();
       return refuse(c.fn, s);
     }

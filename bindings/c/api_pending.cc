@@ -134,8 +134,8 @@ TUTTI_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* info) {
   if (s.code() == Code::kInProgress) s = Status::Ok();
   if (!s.ok()) return fail("ncclGroupSimulateEnd", s);
   return fail("ncclGroupSimulateEnd",
-              invalidUsage("not implemented yet in tutti 0.1.0 (the group is closed; its "
-                           "operations were dropped, none ran)"));
+              invalidUsage("not implemented yet in tutti 0.1.0 (this group level is closed; "
+                           "at the outermost, its operations were dropped, none ran)"));
 }
 
 // NCCL 2.28's device API (nccl_device/*.h): host calls that set up communicators for kernels

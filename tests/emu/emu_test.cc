@@ -308,8 +308,6 @@ TEST(EmuFailures, ALonelyRankTimesOutNamingItsPeer) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 
-// Operations after operations: each kernel finds its FIFO position in the counters, across
-// launches, protocols and send/recv on the ring's own FIFO.
 // Max and Min drop a NaN unless every rank holds one there (fmax / fmin, as NCCL): whichever
 // rank holds it, so wherever that rank sits in a chunk's chain. 4 ranks, 16 floats: a chunk of
 // 4 per rank, each chunk's chain starting on another rank. NaN in every element on rank q, and
@@ -378,6 +376,8 @@ TEST(EmuReductions, AnFp16AverageDoesNotOverflowOnTheWay) {
   for (const std::string& b : bad) ADD_FAILURE() << b;
 }
 
+// Operations after operations: each kernel finds its FIFO position in the counters, across
+// launches, protocols and send/recv on the ring's own FIFO.
 TEST(EmuSteps, MixedSequencesKeepBothEndsInStep) {
   EmuComm comm(3);
   std::mutex mu;

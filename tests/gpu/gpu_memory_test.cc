@@ -83,47 +83,61 @@ struct LateWrite {
   float value;
 };
 
-// Host buffers (pageable) on a GPU rank: the CPU engine runs them, after the work the caller
-// queued on its stream before the call -- here a host function that writes the buffer 200 ms
-// after it is queued.
+// Host buffers (pageable) on a GPU rank: the CPU engine runs them after the work the caller
+// queued on its stream before they run -- here a host function that writes the buffer 200 ms
+// after it is queued: before a plain call, and in a group after the call but before
+// ncclGroupEnd (where NCCL would enqueue the operation).
 TEST(GpuHostMemory, PageableHostBuffersWaitForTheCallersStream) {
   SKIP_WITHOUT_GPU();
   constexpr int n = 2;
   constexpr size_t kCount = 4096;
   ScopedEnv timeout("TUTTI_TIMEOUT", "30");
   std::vector<ncclComm_t> comms = initThreads(n);
-  std::vector<std::vector<float>> bufs(n, std::vector<float>(kCount, -100.0f));
-  std::vector<LateWrite> writes = {{&bufs[0], 1.0f}, {&bufs[1], 2.0f}};
-  RankFailures failures;
-  onThreads(n, [&](int r) {
-    cudaStream_t s;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
-      failures.add(r, "cudaStreamCreate failed");
-      return;
-    }
-    auto write = [](void* p) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      auto* w = static_cast<LateWrite*>(p);
-      for (float& x : *w->buf) x = w->value;
-    };
-    if (cudaLaunchHostFunc(s, write, &writes[size_t(r)]) != cudaSuccess) {
-      failures.add(r, "cudaLaunchHostFunc failed");
-    }
-    ncclResult_t res = ncclAllReduce(bufs[size_t(r)].data(), bufs[size_t(r)].data(), kCount,
-                                     ncclFloat, ncclSum, comms[size_t(r)], s);
-    if (res != ncclSuccess) failures.add(r, ncclGetLastError(comms[size_t(r)]));
-    // The call returned with the operation done: no stream wait needed to read the result.
-    for (size_t i = 0; i < kCount; ++i) {
-      if (bufs[size_t(r)][i] != 3.0f) {
-        failures.add(r, "element " + std::to_string(i) + ": " + std::to_string(bufs[size_t(r)][i]) +
-                            ", expected 3");
-        break;
+  for (bool grouped : {false, true}) {
+    std::vector<std::vector<float>> bufs(n, std::vector<float>(kCount, -100.0f));
+    std::vector<LateWrite> writes = {{&bufs[0], 1.0f}, {&bufs[1], 2.0f}};
+    RankFailures failures;
+    onThreads(n, [&](int r) {
+      cudaStream_t s;
+      if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        failures.add(r, "cudaStreamCreate failed");
+        return;
       }
-    }
-    cudaStreamSynchronize(s);
-    cudaStreamDestroy(s);
-  });
-  failures.report();
+      auto write = [](void* p) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        auto* w = static_cast<LateWrite*>(p);
+        for (float& x : *w->buf) x = w->value;
+      };
+      auto call = [&] {
+        ncclResult_t res = ncclAllReduce(bufs[size_t(r)].data(), bufs[size_t(r)].data(), kCount,
+                                         ncclFloat, ncclSum, comms[size_t(r)], s);
+        if (res != ncclSuccess) failures.add(r, ncclGetLastError(comms[size_t(r)]));
+      };
+      if (grouped) {
+        ncclGroupStart();
+        call();
+        if (cudaLaunchHostFunc(s, write, &writes[size_t(r)]) != cudaSuccess)
+          failures.add(r, "cudaLaunchHostFunc failed");
+        if (ncclGroupEnd() != ncclSuccess) failures.add(r, ncclGetLastError(nullptr));
+      } else {
+        if (cudaLaunchHostFunc(s, write, &writes[size_t(r)]) != cudaSuccess)
+          failures.add(r, "cudaLaunchHostFunc failed");
+        call();
+      }
+      // The call returned with the operation done: no stream wait needed to read the result.
+      for (size_t i = 0; i < kCount; ++i) {
+        if (bufs[size_t(r)][i] != 3.0f) {
+          failures.add(r, std::string(grouped ? "in a group, " : "") + "element " +
+                              std::to_string(i) + ": " + std::to_string(bufs[size_t(r)][i]) +
+                              ", expected 3");
+          break;
+        }
+      }
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+    });
+    failures.report();
+  }
   destroyAll(comms);
 }
 
