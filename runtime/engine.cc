@@ -9,7 +9,6 @@
 
 #include "collectives/recursive_doubling.h"
 #include "kernels/cpu/ring_dispatch.h"
-#include "nccl.h"
 #include "runtime/comm.h"
 #include "runtime/device_engine.h"
 #include "runtime/dtype.h"
@@ -89,16 +88,6 @@ Status Engine::run(const CollArgs* ops, size_t nops, bool deferDeviceLaunch) {
 
 Status Engine::runCollective(const CollArgs& op) {
   const int n = comm_.nranks(), r = comm_.rank();
-  if (n == 2 && op.op == ncclAvg && op.red.pre) {
-    // ncclAvg over two ranks: no partial sum is stored before the division (a + b in the
-    // accumulation type, halved, rounded once), so summing first cannot overflow, and it gives
-    // the bits of halving first (a power of two). It keeps the pair and exchange algorithms,
-    // which scale no received input (2 ranks, 2-16 MiB: 2x the time of a sum as a scaled ring).
-    CollArgs halved = op;
-    halved.red.pre = false;
-    halved.red.post = true;
-    return runCollective(halved);
-  }
   const uint64_t seq = comm_.nextSeq();
   const size_t elem = dtypeSize(op.dtype);
   const bool bytes = cpu::movesBytes(op.kind);
@@ -106,10 +95,10 @@ Status Engine::runCollective(const CollArgs& op) {
   size_t total = op.count * elem;
   if (op.kind == CollKind::kAllGather || op.kind == CollKind::kReduceScatter) total *= size_t(n);
   const int nch = n == 1 ? 1 : channelsFor(total);
-  // Two ranks, a small all-reduce, no pre-scaling: one exchange beats the ring's two steps.
-  // (Over shm the ring is as fast for small messages and faster for larger ones.)
-  cpu::Algo algo = op.kind == CollKind::kAllReduce && n == 2 && !op.red.pre &&
-                           total <= pairMaxBytes_ && comm_.links().usesNet((r + 1) % n)
+  // Two ranks, a small all-reduce: one exchange beats the ring's two steps. (Over shm the ring
+  // is as fast for small messages and faster for larger ones.)
+  cpu::Algo algo = op.kind == CollKind::kAllReduce && n == 2 && total <= pairMaxBytes_ &&
+                           comm_.links().usesNet((r + 1) % n)
                        ? cpu::Algo::kPair
                        : cpu::Algo::kRing;
   TUTTI_INFO(log::kColl,
@@ -187,8 +176,7 @@ Status Engine::runCollective(const CollArgs& op) {
   // (the peer reads this rank's input while it writes its output): rank 1 answers whether they
   // go by exchange.
   if (op.kind == CollKind::kAllReduce && n == 2 && count > 0 && exchangeMinBytes_ != 0 &&
-      total >= exchangeMinBytes_ && !op.red.pre && cpu::rdSymmetric(op) &&
-      !comm_.links().ringUsesNet()) {
+      total >= exchangeMinBytes_ && cpu::rdSymmetric(op) && !comm_.links().ringUsesNet()) {
     // (Buffers that overlap in part count as in place.)
     const bool outOfPlace = op.outOfPlace(total);
     int way;

@@ -25,6 +25,10 @@ struct Reducer {
 
   bool hasPre = false;
   Acc preScalar{};
+  // The receiver scales both operands: senders send their input as it is (the pair and
+  // exchange algorithms, where each rank combines its own input with its peer's: pre(a) op
+  // pre(b) on both, the same bits whichever rank forms it).
+  bool preOnReceive = false;
   bool hasPost = false;
   // Avg's nranks, in a type that holds it (an int8 Acc would make 128 ranks -128).
   using Div = std::conditional_t<std::is_integral_v<Acc>,
@@ -40,19 +44,41 @@ struct Reducer {
     if constexpr (F == RedFn::kMin) return (b < a || a != a) ? b : a;
   }
   Acc pre(Acc v) const { return hasPre ? mul(v, preScalar) : v; }
-  bool preIsIdentity() const { return !hasPre; }
+  bool preIsIdentity() const { return !hasPre || preOnReceive; }
   Acc post(Acc v) const { return hasPost ? Acc(Div(v) / postDivisor) : v; }
 
   // dst[i] = pre(src[i])
   void preCopy(T* dst, const T* src, size_t n) const {
-    if (!hasPre) {
+    if (preIsIdentity()) {
       if (dst != src) memmove(dst, src, n * sizeof(T));
       return;
     }
+    if constexpr (std::is_same_v<T, half_t>) {
+      if (simd::scaleHalf(reinterpret_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t*>(src),
+                          n, preScalar)) {
+        return;
+      }
+    }
     for (size_t i = 0; i < n; ++i) dst[i] = E::store(pre(E::load(src[i])));
   }
-  // dst[i] = [post](recvd[i] (op) pre(mine[i])); dst may alias either input.
+  // dst[i] = [post](recvd[i] (op) pre(mine[i])), or pre(recvd[i]) where preOnReceive; dst may
+  // alias either input.
   void reduce(T* dst, const T* recvd, const T* mine, size_t n, bool withPost) const {
+    if (hasPre && preOnReceive) {
+      if constexpr (std::is_same_v<T, half_t>) {
+        if (simd::reduceHalf(reinterpret_cast<uint16_t*>(dst),
+                             reinterpret_cast<const uint16_t*>(recvd),
+                             reinterpret_cast<const uint16_t*>(mine), n, static_cast<int>(F), true,
+                             preScalar, withPost && hasPost, postDivisor, /*preA=*/true)) {
+          return;
+        }
+      }
+      for (size_t i = 0; i < n; ++i) {
+        Acc v = combine(pre(E::load(recvd[i])), pre(E::load(mine[i])));
+        dst[i] = E::store(withPost ? post(v) : v);
+      }
+      return;
+    }
     if constexpr (std::is_same_v<T, half_t>) {
       if (simd::reduceHalf(reinterpret_cast<uint16_t*>(dst),
                            reinterpret_cast<const uint16_t*>(recvd),

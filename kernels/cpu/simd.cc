@@ -27,13 +27,14 @@ __attribute__((target("avx,f16c"))) inline __m256 combine(__m256 a, __m256 b) {
 template <int Fn>
 __attribute__((target("avx,f16c"))) void loop(uint16_t* dst, const uint16_t* a, const uint16_t* b,
                                               size_t n, bool hasPre, float pre, bool hasPost,
-                                              float divisor) {
+                                              float divisor, bool preA) {
   const __m256 vpre = _mm256_set1_ps(pre), vdiv = _mm256_set1_ps(divisor);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
     __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
     if (hasPre) y = _mm256_mul_ps(y, vpre);
+    if (hasPre && preA) x = _mm256_mul_ps(x, vpre);
     __m256 r = combine<Fn>(x, y);
     if (hasPost) r = _mm256_div_ps(r, vdiv);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
@@ -42,6 +43,7 @@ __attribute__((target("avx,f16c"))) void loop(uint16_t* dst, const uint16_t* a, 
   for (; i < n; ++i) {  // the tail, as the scalar loop does it
     float x = HalfFormat::decode(a[i]), y = HalfFormat::decode(b[i]);
     if (hasPre) y *= pre;
+    if (hasPre && preA) x *= pre;
     float r = Fn == 0   ? x + y
               : Fn == 1 ? x * y
               : Fn == 2 ? ((x < y || x != x) ? y : x)
@@ -56,32 +58,52 @@ bool haveF16c() {
   return have;
 }
 
+__attribute__((target("avx,f16c"))) void scaleLoop(uint16_t* dst, const uint16_t* src, size_t n,
+                                                   float scale) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i*>(dst + i),
+        _mm256_cvtps_ph(_mm256_mul_ps(x, vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; i < n; ++i) dst[i] = uint16_t(HalfFormat::encode(HalfFormat::decode(src[i]) * scale));
+}
+
 }  // namespace
 
 bool reduceHalf(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n, int fn, bool hasPre,
-                float pre, bool hasPost, float divisor) {
+                float pre, bool hasPost, float divisor, bool preA) {
   if (!haveF16c()) return false;
   switch (fn) {
     case 0:
-      loop<0>(dst, a, b, n, hasPre, pre, hasPost, divisor);
+      loop<0>(dst, a, b, n, hasPre, pre, hasPost, divisor, preA);
       break;
     case 1:
-      loop<1>(dst, a, b, n, hasPre, pre, hasPost, divisor);
+      loop<1>(dst, a, b, n, hasPre, pre, hasPost, divisor, preA);
       break;
     case 2:
-      loop<2>(dst, a, b, n, hasPre, pre, hasPost, divisor);
+      loop<2>(dst, a, b, n, hasPre, pre, hasPost, divisor, preA);
       break;
     default:
-      loop<3>(dst, a, b, n, hasPre, pre, hasPost, divisor);
+      loop<3>(dst, a, b, n, hasPre, pre, hasPost, divisor, preA);
       break;
   }
   return true;
 }
+
+bool scaleHalf(uint16_t* dst, const uint16_t* src, size_t n, float scale) {
+  if (!haveF16c()) return false;
+  scaleLoop(dst, src, n, scale);
+  return true;
+}
 #else
-bool reduceHalf(uint16_t*, const uint16_t*, const uint16_t*, size_t, int, bool, float, bool,
-                float) {
+bool reduceHalf(uint16_t*, const uint16_t*, const uint16_t*, size_t, int, bool, float, bool, float,
+                bool) {
   return false;
 }
+bool scaleHalf(uint16_t*, const uint16_t*, size_t, float) { return false; }
 #endif
 
 void streamCopy(void* dst, const void* src, size_t n) {

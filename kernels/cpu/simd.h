@@ -8,11 +8,14 @@
 
 namespace tutti::cpu::simd {
 
-// fp16 via F16C/AVX: dst = [post](a (fn) [pre](b)), widened to float and rounded once, the
-// same arithmetic as the scalar loop. False when the CPU lacks F16C (the caller falls back).
-// fn: 0 sum, 1 prod, 2 max, 3 min.
+// fp16 via F16C/AVX: dst = [post]([pre](a) (fn) [pre](b)) (a scaled only with preA too),
+// widened to float and rounded once, the same arithmetic as the scalar loop. False when the
+// CPU lacks F16C (the caller falls back). fn: 0 sum, 1 prod, 2 max, 3 min.
 bool reduceHalf(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n, int fn, bool hasPre,
-                float pre, bool hasPost, float divisor);
+                float pre, bool hasPost, float divisor, bool preA = false);
+// fp16: dst = src * scale, rounded once (a PreMulSum's or Avg's scaling of the input). False
+// without F16C.
+bool scaleHalf(uint16_t* dst, const uint16_t* src, size_t n, float scale);
 
 // Copies n bytes (no overlap) with non-temporal stores where the CPU has them (x86-64: SSE2,
 // which every such CPU has; memcpy elsewhere): the destination's lines are written without

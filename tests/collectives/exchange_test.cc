@@ -145,7 +145,7 @@ TEST(StateAllReduce, ExchangeWhileSlotCopiesRunSlowTheRingOtherwise) {
         {ncclInt32, ncclMax, 2 * 16384},       {ncclInt64, ncclMin, 8192 + 100},
         {ncclInt32, ncclAvg, 16384 + 9},       {ncclInt32, ncclSum, 40000},
         {ncclFloat32, ncclSum, (1 << 20) + 7}, {ncclFloat64, ncclAvg, 8192 + 3},
-        {ncclFloat32, ncclAvg, 16384 + 9},  // halved after the sum over 2 ranks: the same bits
+        {ncclFloat32, ncclAvg, 16384 + 9},  // each rank halves both inputs: exact, the same bits
     };
     std::vector<ncclComm_t> comms = initThreads(2);
     onThreads(2, [&](int r) {

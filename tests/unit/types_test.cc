@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/reduce.h"
 
@@ -115,4 +116,34 @@ TEST(Types, FastConversionsMatchTheReference) {
   expectFastMatchesReference<HalfFormat>(16);
   expectFastMatchesReference<E4m3Format>(8);
   expectFastMatchesReference<E5m2Format>(8);
+}
+
+// The fp16 scaling (a PreMulSum's or Avg's, before the sum) and the receiver-scaled reduce of
+// the two-rank algorithms: the vector loops give the scalar arithmetic's bits, for every
+// finite pattern (1001 elements: whole vectors and a tail).
+TEST(Types, HalfScalingsGiveTheScalarBits) {
+  const float s = Elem<half_t>::load(Elem<half_t>::store(1.0f / 3));
+  Reducer<half_t, RedFn::kSum> fn;
+  fn.hasPre = true;
+  fn.preScalar = s;
+  std::vector<half_t> in(1001), out(1001), peer(1001), sum(1001);
+  for (uint32_t base = 0; base < 0x10000; base += 1001) {
+    for (size_t i = 0; i < in.size(); ++i) {
+      uint32_t bits = (base + uint32_t(i)) & 0xffff;
+      if ((bits & 0x7c00) == 0x7c00) bits &= 0x83ff;  // inf / NaN: a finite pattern instead
+      in[i] = half_t{uint16_t(bits)};
+      peer[i] = half_t{uint16_t(bits ^ 0x8123)};
+      if ((peer[i].bits & 0x7c00) == 0x7c00) peer[i].bits &= 0x83ff;
+    }
+    fn.preCopy(out.data(), in.data(), in.size());
+    fn.preOnReceive = true;
+    fn.reduce(sum.data(), peer.data(), in.data(), in.size(), false);
+    fn.preOnReceive = false;
+    for (size_t i = 0; i < in.size(); ++i) {
+      const float x = HalfFormat::decode(in[i].bits), y = HalfFormat::decode(peer[i].bits);
+      ASSERT_EQ(out[i].bits, HalfFormat::encode(x * s)) << "pattern " << in[i].bits;
+      ASSERT_EQ(sum[i].bits, HalfFormat::encode(y * s + x * s))
+          << "patterns " << peer[i].bits << ", " << in[i].bits;
+    }
+  }
 }
