@@ -42,9 +42,10 @@ struct CollArgs {
   int dtype;
   int op;  // the ncclRedOp_t as passed, -1 for non-reductions
   RedOpSpec red;
-  int root;                // root, or peer for send/recv
-  void* stream = nullptr;  // cudaStream_t: where an operation on GPU buffers is enqueued
-  bool device = false;     // GPU buffers: the CUDA engine runs it
+  int root;                 // root, or peer for send/recv
+  void* stream = nullptr;   // cudaStream_t: where an operation on GPU buffers is enqueued
+  bool device = false;      // GPU buffers: the CUDA engine runs it
+  bool pageLocked = false;  // host buffers of which one is page-locked (the GPU may write it)
 
   // Whether input and output, `bytes` each (an all-reduce's), share no byte: buffers that
   // overlap in part count as in place.

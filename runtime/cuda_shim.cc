@@ -189,6 +189,16 @@ Status captureId(void* stream, unsigned long long* id) {
   return Status::Ok();
 }
 
+Status captureIdOn(void* stream, int device, unsigned long long* id) {
+  *id = 0;
+  OnDevice on(device);
+  if (on.status() != cudaSuccess) {
+    cudaGetLastError();
+    return cudaStatus("cudaSetDevice", on.status());
+  }
+  return captureId(stream, id);
+}
+
 #else  // !TUTTI_HAVE_CUDA
 
 int deviceCount() { return 0; }
@@ -210,6 +220,10 @@ Status readInStreamOrder(void*, const void*, size_t, void*, int) {
   return Status(Code::kCudaError, "tutti was built without CUDA");
 }
 Status captureId(void*, unsigned long long* id) {
+  *id = 0;
+  return Status::Ok();
+}
+Status captureIdOn(void*, int, unsigned long long* id) {
   *id = 0;
   return Status::Ok();
 }

@@ -49,5 +49,7 @@ Status readInStreamOrder(void* dst, const void* src, size_t bytes, void* stream,
 // The CUDA graph capture a stream is in: 0 when it captures nothing, else the capture's id.
 // A capture already invalidated is an error. A query CUDA allows while the stream captures.
 Status captureId(void* stream, unsigned long long* id);
+// The same, asked with device current (cudaStreamPerThread names a stream of each device).
+Status captureIdOn(void* stream, int device, unsigned long long* id);
 
 }  // namespace tutti::cuda

@@ -9,6 +9,7 @@
 
 #include "collectives/recursive_doubling.h"
 #include "kernels/cpu/ring_dispatch.h"
+#include "nccl.h"
 #include "runtime/comm.h"
 #include "runtime/device_engine.h"
 #include "runtime/dtype.h"
@@ -96,8 +97,11 @@ Status Engine::runCollective(const CollArgs& op) {
   if (op.kind == CollKind::kAllGather || op.kind == CollKind::kReduceScatter) total *= size_t(n);
   const int nch = n == 1 ? 1 : channelsFor(total);
   // Two ranks, a small all-reduce: one exchange beats the ring's two steps. (Over shm the ring
-  // is as fast for small messages and faster for larger ones.)
+  // is as fast for small messages and faster for larger ones.) Each rank combines both inputs
+  // itself: only for ops whose operands commute bit for bit, scaled (Avg) by the receiver --
+  // never a PreMulSum, whose scalar each rank chooses for its own input.
   cpu::Algo algo = op.kind == CollKind::kAllReduce && n == 2 && total <= pairMaxBytes_ &&
+                           cpu::rdSymmetric(op) && (!op.red.pre || op.op == ncclAvg) &&
                            comm_.links().usesNet((r + 1) % n)
                        ? cpu::Algo::kPair
                        : cpu::Algo::kRing;
@@ -176,7 +180,8 @@ Status Engine::runCollective(const CollArgs& op) {
   // (the peer reads this rank's input while it writes its output): rank 1 answers whether they
   // go by exchange.
   if (op.kind == CollKind::kAllReduce && n == 2 && count > 0 && exchangeMinBytes_ != 0 &&
-      total >= exchangeMinBytes_ && cpu::rdSymmetric(op) && !comm_.links().ringUsesNet()) {
+      total >= exchangeMinBytes_ && cpu::rdSymmetric(op) && (!op.red.pre || op.op == ncclAvg) &&
+      !comm_.links().ringUsesNet()) {
     // (Buffers that overlap in part count as in place.)
     const bool outOfPlace = op.outOfPlace(total);
     int way;

@@ -206,12 +206,14 @@ Status checkSendRecvs(const Comm* comm, const CollArgs* ops, size_t n) {
 // caller queued before on their streams (a copy into the buffer, a kernel that wrote it), as
 // NCCL's kernels would. On the caller's thread (cudaStreamPerThread names its stream). A
 // device-resident PreMulSum scalar is read then, in the stream's order. The legacy default
-// stream is not waited for: a process that uses no GPU would get a CUDA context from that
-// (and work on it cannot write pageable memory but through a synchronous copy).
+// stream is waited for only where a buffer is page-locked: a process that uses no GPU would
+// get a CUDA context from that, and work on it cannot write pageable memory but through a
+// synchronous copy.
 bool needsStreams(const Comm* comm, const CollArgs* ops, size_t n) {
   if (comm->cudaDev() < 0) return false;
   for (size_t i = 0; i < n; ++i) {
-    if (!ops[i].device && (!cuda::isLegacyStream(ops[i].stream) || ops[i].red.scalarPtr)) {
+    if (!ops[i].device &&
+        (!cuda::isLegacyStream(ops[i].stream) || ops[i].red.scalarPtr || ops[i].pageLocked)) {
       return true;
     }
   }
@@ -223,7 +225,7 @@ Status followStreams(const Comm* comm, CollArgs* ops, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     CollArgs& op = ops[i];
     if (op.device) continue;
-    bool waited = cuda::isLegacyStream(op.stream);
+    bool waited = cuda::isLegacyStream(op.stream) && !op.pageLocked;
     for (size_t j = 0; j < i && !waited; ++j) waited = !ops[j].device && ops[j].stream == op.stream;
     if (!waited) {
       TUTTI_TRY(cuda::streamSynchronize(op.stream, comm->cudaDev())
@@ -240,6 +242,16 @@ Status followStreams(const Comm* comm, CollArgs* ops, size_t n) {
   return Status::Ok();
 }
 
+// A caller's stream could not be waited for (a CUDA error, sticky as a rule): nothing of the
+// group runs, and the peers of each of its communicators stop waiting for this rank.
+void broken(std::vector<Batch>& batches, const Status& why) {
+  TUTTI_WARN("%s", why.message().c_str());
+  for (Batch& b : batches) {
+    b.comm->setAsyncError(why);
+    b.comm->links().breakAll();
+  }
+}
+
 }  // namespace
 
 Status submit(Comm* comm, const CollArgs* ops, size_t n) {
@@ -250,6 +262,10 @@ Status submit(Comm* comm, const CollArgs* ops, size_t n) {
       followed.assign(ops, ops + n);
       s = followStreams(comm, followed.data(), n);
       ops = followed.data();
+      if (!s.ok()) {
+        std::vector<Batch> one{{comm, {}}};
+        broken(one, s);
+      }
     }
     if (s.ok()) s = comm->engine().run(ops, n);
     comm->unpin();
@@ -320,8 +336,10 @@ Status end(bool run) {
       if (first.ok() && run) first = checkCaptures(b);
     }
     for (Batch& b : batches) {
-      if (first.ok() && run && needsStreams(b.comm, b.ops.data(), b.ops.size()))
+      if (first.ok() && run && needsStreams(b.comm, b.ops.data(), b.ops.size())) {
         first = followStreams(b.comm, b.ops.data(), b.ops.size());
+        if (!first.ok()) broken(batches, first);
+      }
     }
     if (first.ok() && run) first = runBatches(batches);
     for (Batch& b : batches) {

@@ -89,7 +89,7 @@ Status checkStream(const Call& c, Comm* comm) {
 }
 
 // comm is pinned by the caller.
-Status validate(const Call& c, Comm* comm, RedOpSpec* red, bool* device) {
+Status validate(const Call& c, Comm* comm, RedOpSpec* red, bool* device, bool* pageLocked) {
   // Pinned, so live: only its state is left to check (api::lookup without the registry).
   if (comm->state() != Comm::State::kReady) {
     TUTTI_ASSIGN(ready, api::lookup(comm, api::Need::kReady));
@@ -143,6 +143,7 @@ Status validate(const Call& c, Comm* comm, RedOpSpec* red, bool* device) {
     cuda::PointerKind recvKind = !needRecv                      ? cuda::PointerKind{}
                                  : needSend && c.recv == c.send ? sendKind  // in place
                                                                 : cuda::pointerKind(c.recv);
+    *pageLocked = (needSend && sendKind.mapped) || (needRecv && recvKind.mapped);
     if (comm->cudaDev() >= 0) {
       const bool gpuMemory = sendKind.device || recvKind.device;
       const bool mappedOnly =
@@ -178,6 +179,12 @@ Status validate(const Call& c, Comm* comm, RedOpSpec* red, bool* device) {
   if (c.op != kNone) {
     TUTTI_ASSIGN(spec, comm->resolveOp(c.op, c.dtype));
     *red = spec;
+    if (!*device && red->scalarPtr && comm->cudaDev() < 0 &&
+        cuda::pointerKind(red->scalarPtr).device) {
+      return invalidArgument(
+          "the PreMulSum scalar is GPU memory, but this rank is a CPU rank (its communicator has "
+          "no CUDA device): use host memory");
+    }
     if (*device && red->scalarPtr) {  // ncclScalarDevice: the kernel reads it
       const cuda::PointerKind k = cuda::pointerKind(red->scalarPtr);
       if (!k.device && !k.mapped) {
@@ -262,7 +269,7 @@ Status refuseCapture(const Call& c, Comm* comm) {
   void* stream = static_cast<void*>(c.stream);
   if (cuda::isLegacyStream(stream)) return Status::Ok();
   unsigned long long capture = 0;
-  TUTTI_TRY(cuda::captureId(stream, &capture));
+  TUTTI_TRY(cuda::captureIdOn(stream, comm->cudaDev(), &capture));
   if (!capture) return Status::Ok();
   return invalidUsage("rank " + std::to_string(comm->rank()) + " of " +
                       std::to_string(comm->nranks()) +
@@ -285,8 +292,8 @@ ncclResult_t enqueue(const Call& c) {
                   why.ok() ? invalidArgument("comm was destroyed during the call") : why.status());
   }
   RedOpSpec red;
-  bool device = false;
-  if (Status s = validate(c, comm, &red, &device); !s.ok()) {
+  bool device = false, pageLocked = false;
+  if (Status s = validate(c, comm, &red, &device, &pageLocked); !s.ok()) {
     const std::string who =
         "rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->nranks()) + ": ";
     comm->unpin();
@@ -305,9 +312,11 @@ ncclResult_t enqueue(const Call& c) {
   Status s;
   if (c.kind == Kind::kAlltoAll || c.kind == Kind::kGather || c.kind == Kind::kScatter) {
     std::vector<CollArgs> ops = expand(c, comm, red, device);
+    for (CollArgs& op : ops) op.pageLocked = pageLocked && !device;
     s = group::submit(comm, ops.data(), ops.size());
   } else {  // the common case: one operation, no allocation
     CollArgs op = argsFor(c, c.kind, c.send, const_cast<void*>(c.recv), c.root, red, device);
+    op.pageLocked = pageLocked && !device;
     s = group::submit(comm, &op, 1);
   }
   if (!s.ok()) return fail(c.fn, s);

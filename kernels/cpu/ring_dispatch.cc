@@ -60,10 +60,10 @@ void inTurn(size_t sendLen, size_t recvLen, Waiter* w, Send&& send, Recv&& recv)
 // from the other only input, which a benchmark's loop never writes, where the ring's
 // all-gather half reads the output the peer has just written: those lines come from the other
 // CPU's cache, slow while the two CPUs sit on different dies. The sender leaves every piece to
-// the receiver. The result is op(peer's, own) on both ranks (a PreMulSum's or Avg's scaling
-// applied to both by the receiver, Reducer::preOnReceive): the engine takes this only for ops
-// whose two operands commute bit for bit (rdSymmetric; two NaNs may keep either payload, as in
-// recursive doubling).
+// the receiver. The result is op(peer's, own) on both ranks (Avg's scaling applied to both by
+// the receiver, Reducer::preOnReceive; never a PreMulSum, whose scalar is each rank's own):
+// the engine takes this only for ops whose two operands commute bit for bit (rdSymmetric; two
+// NaNs may keep either payload, as in recursive doubling).
 // Chunk size, 2 ranks, slow state (surveys of 2026-11-24, medians, us; 256 KiB / 512 KiB /
 // 1 MiB / 2 MiB / a 128 KiB slot, through the slot): 8 MiB - / 2158 / 2042 / 1872 / -, and in
 // another survey 2465 / - / 2075 / - / 2825; 64 MiB - / 20455 / 19106 / 18514 / -, and
@@ -118,7 +118,9 @@ void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
                                                      sendTo->conn->copiesRunSlow())) ||
                             (algo == Algo::kPair && sendTo->conn->directPaysIntoSlot() &&
                              op.outOfPlace(op.count * sizeof(T))));
-  if (algo == Algo::kPair || algo == Algo::kExchange) fn.preOnReceive = true;
+  // Avg's 1/nranks is the same on both ranks; a PreMulSum's scalar is each rank's own (the
+  // engine never runs one this way).
+  if ((algo == Algo::kPair || algo == Algo::kExchange) && op.op == ncclAvg) fn.preOnReceive = true;
   HostPrims<T, Reducer<T, F>> p(sendTo, recvFrom, static_cast<const T*>(op.send),
                                 static_cast<T*>(op.recv), fn, w, inputDirect);
   switch (op.kind) {

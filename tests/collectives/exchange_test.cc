@@ -339,3 +339,46 @@ TEST(PairExchange, InPlaceChunksAreNotOverwrittenWhileTheyLeave) {
   EXPECT_EQ(wrong[0], "");
   EXPECT_EQ(wrong[1], "");
 }
+
+// A PreMulSum's scalar is each rank's own ("multiplies its input locally"): two ranks with
+// scalars 1 and 3 and inputs 1 must both get 4. The pair (tcp, small) and the exchange (shm,
+// big) let each rank combine both inputs itself, so they must not run it (with the receiver's
+// scalar on both inputs, rank 0 got 2 and rank 1 got 6); Avg, the same 1/nranks on both, they
+// still run.
+TEST(PairExchange, EachRanksOwnPreMulSumScalarScalesOnlyItsInput) {
+  ScopedEnv buff("NCCL_BUFFSIZE", "524288");
+  ScopedEnv channels("NCCL_MAX_NCHANNELS", "1");
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  ScopedEnv forced("TUTTI_EXCHANGE", "1");
+  ScopedEnv min("TUTTI_EXCHANGE_MIN_BYTES", "65536");
+  for (const char* shmOff : {"1", "0"}) {  // tcp: the pair (small); shm: the exchange (big)
+    ScopedEnv shm("NCCL_SHM_DISABLE", shmOff);
+    const size_t count = shmOff[0] == '1' ? 16 : 65536 + 5;
+    std::vector<ncclComm_t> comms = initThreads(2);
+    onThreads(2, [&](int r) {
+      ncclComm_t c = comms[size_t(r)];
+      float scalar = r == 0 ? 1.0f : 3.0f;
+      ncclRedOp_t op;
+      ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, c),
+                ncclSuccess);
+      std::vector<float> in(count, 1.0f), out(count, -1.0f);
+      ASSERT_EQ(ncclAllReduce(in.data(), out.data(), count, ncclFloat32, op, c, nullptr),
+                ncclSuccess)
+          << ncclGetLastError(c);
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(out[i], 4.0f) << "NCCL_SHM_DISABLE=" << shmOff << " rank " << r << " [" << i
+                                << "]";
+      }
+      std::vector<float> avg(count, float(2 * r + 1));  // 1 and 3: 2
+      ASSERT_EQ(ncclAllReduce(avg.data(), out.data(), count, ncclFloat32, ncclAvg, c, nullptr),
+                ncclSuccess)
+          << ncclGetLastError(c);
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(out[i], 2.0f) << "avg, NCCL_SHM_DISABLE=" << shmOff << " rank " << r << " [" << i
+                                << "]";
+      }
+      ncclRedOpDestroy(op, c);
+    });
+    destroyAll(comms);
+  }
+}
