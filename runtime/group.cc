@@ -222,15 +222,17 @@ bool needsStreams(const Comm* comm, const CollArgs* ops, size_t n) {
 
 Status followStreams(const Comm* comm, CollArgs* ops, size_t n) {
   const std::string who = "rank " + std::to_string(comm->rank()) + ": ";
+  std::vector<void*> waited;
   for (size_t i = 0; i < n; ++i) {
     CollArgs& op = ops[i];
     if (op.device) continue;
-    bool waited = cuda::isLegacyStream(op.stream) && !op.pageLocked;
-    for (size_t j = 0; j < i && !waited; ++j) waited = !ops[j].device && ops[j].stream == op.stream;
-    if (!waited) {
+    const bool wait = (!cuda::isLegacyStream(op.stream) || op.pageLocked) &&
+                      std::find(waited.begin(), waited.end(), op.stream) == waited.end();
+    if (wait) {
       TUTTI_TRY(cuda::streamSynchronize(op.stream, comm->cudaDev())
                     .withContext(who + "waiting for the caller's stream before a host-buffer " +
                                  op.name));
+      waited.push_back(op.stream);
     }
     if (op.red.scalarPtr && cuda::pointerKind(op.red.scalarPtr).device) {
       TUTTI_TRY(cuda::readInStreamOrder(op.red.scalar, op.red.scalarPtr, dtypeSize(op.dtype),

@@ -50,8 +50,8 @@ bool scalesWithRanks(Kind k) {
 
 // What GPU buffers need, checked before anything is queued (later, a failure would break the
 // communicator): the ranks the call reaches on GPUs of this host (the p2p and shm transports;
-// no network transport carries GPU buffers yet), and the caller's stream on the
-// communicator's GPU.
+// no network transport carries GPU buffers yet; checkReach), and the caller's stream on the
+// communicator's GPU (checkStream).
 Status checkReach(const Call& c, Comm* comm) {
   const int me = comm->rank();
   const std::vector<PeerInfo>& peers = comm->peers();
