@@ -148,6 +148,22 @@ Status streamSynchronize(void* stream, int device) {
   return cudaStatus("cudaStreamSynchronize", e);
 }
 
+Status copyAsync(void* dst, const void* src, size_t bytes, void* stream, int device) {
+  int saved = -1;
+  if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
+  if (device >= 0 && device != saved) {
+    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      cudaGetLastError();
+      return cudaStatus("cudaSetDevice", e);
+    }
+  }
+  const cudaError_t e =
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) cudaGetLastError();
+  if (device >= 0 && device != saved && saved >= 0) cudaSetDevice(saved);
+  return e == cudaSuccess ? Status::Ok() : cudaStatus("cudaMemcpyAsync", e);
+}
+
 Status readInStreamOrder(void* dst, const void* src, size_t bytes, void* stream, int device) {
   if (bytes > 8) return invalidArgument("readInStreamOrder: more than 8 bytes");
   OnDevice on(device);
@@ -217,6 +233,9 @@ PointerKind pointerKind(const void*) { return {}; }
 int streamDevice(void*) { return -1; }
 Status streamSynchronize(void*, int) { return Status::Ok(); }
 Status readInStreamOrder(void*, const void*, size_t, void*, int) {
+  return Status(Code::kCudaError, "tutti was built without CUDA");
+}
+Status copyAsync(void*, const void*, size_t, void*, int) {
   return Status(Code::kCudaError, "tutti was built without CUDA");
 }
 Status captureId(void*, unsigned long long* id) {

@@ -43,6 +43,8 @@ int streamDevice(void* stream);
 // Waits, on device's context, for the work queued on stream so far. Allowed while another
 // thread captures a graph (relaxed capture mode).
 Status streamSynchronize(void* stream, int device);
+// cudaMemcpyAsync (cudaMemcpyDefault) on stream, with device current.
+Status copyAsync(void* dst, const void* src, size_t bytes, void* stream, int device);
 // Reads bytes (at most 8) of GPU memory in stream order on stream, through page-locked memory
 // (a copy to pageable memory may wait for the whole GPU), and waits for it.
 Status readInStreamOrder(void* dst, const void* src, size_t bytes, void* stream, int device);

@@ -291,6 +291,15 @@ Status submit(Comm* comm, const CollArgs* ops, size_t n) {
   return Status::Ok();
 }
 
+bool holds(const Comm* comm) {
+  const ThreadGroup* g = tGroupState;
+  if (!g || g->depth == 0) return false;
+  for (const Batch& b : g->batches) {
+    if (b.comm == comm) return true;
+  }
+  return false;
+}
+
 void discard(Comm* comm) {
   if (!tGroupState) return;  // this thread never grouped anything
   auto& b = tGroupState->batches;

@@ -32,6 +32,8 @@ void defer(std::shared_future<Status> work, bool blocking);
 // beyond the first) so that one thread can drive the ranks of several communicators.
 // The comm must be pinned by the caller; submit() takes over that pin.
 Status submit(Comm* comm, const CollArgs* ops, size_t n);
+// Whether this thread's open group holds operations of comm already.
+bool holds(const Comm* comm);
 // Drops this thread's queued operations on comm (it is being aborted inside the group).
 void discard(Comm* comm);
 

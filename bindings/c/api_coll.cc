@@ -8,6 +8,7 @@
 #include "kernels/cuda/kernel_table.h"
 #include "runtime/cuda_shim.h"
 #include "runtime/group.h"
+#include "runtime/log.h"
 #include "runtime/peer_info.h"
 
 using namespace tutti;
@@ -278,6 +279,36 @@ Status refuseCapture(const Call& c, Comm* comm) {
                       "graph is replayed");
 }
 
+// One rank's collective on GPU buffers is its input: a copy on the caller's stream, made at
+// the call as NCCL makes it (ncclLaunchOneRank), or nothing in place -- no engine, plan or
+// launch (1 rank, 8 B: tutti 7.01 us against NCCL's 6.04, 2026-11-23). A PreMulSum needs the
+// kernel, and a group that holds this communicator's operations keeps the call's order:
+// both take the engine.
+bool oneRankCopies(const Call& c, const Comm* comm, const RedOpSpec& red, bool device) {
+  return device && comm->nranks() == 1 && !red.pre &&
+         (c.kind == Kind::kAllReduce || c.kind == Kind::kAllGather ||
+          c.kind == Kind::kReduceScatter || c.kind == Kind::kBroadcast ||
+          c.kind == Kind::kReduce) &&
+         !group::holds(comm);
+}
+
+Status oneRankCopy(const Call& c, Comm* comm) {
+  const Code failed = comm->asyncCode();
+  if (failed != Code::kOk && failed != Code::kInProgress) {
+    return Status(failed,
+                  "rank 0 of 1: the communicator failed earlier and cannot run more "
+                  "operations (abort it and make a new one): " +
+                      comm->asyncMessage());
+  }
+  TUTTI_INFO(log::kColl,
+             "%s: sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=1] "
+             "one-rank copy",
+             c.fn + 4, c.send, c.recv, c.count, c.dtype, c.op, c.root, static_cast<void*>(comm));
+  if (c.send == c.recv) return Status::Ok();
+  return cuda::copyAsync(const_cast<void*>(c.recv), c.send, c.count * api::typeSize(c.dtype),
+                         static_cast<void*>(c.stream), comm->cudaDev());
+}
+
 // A refused call fails alone; inside a group it also fails the group (group::noteError).
 ncclResult_t refuse(const char* fn, const Status& s) {
   group::noteError(Status(s.code(), std::string(fn) + ": " + s.message()));
@@ -308,6 +339,11 @@ ncclResult_t enqueue(const Call& c) {
       comm->unpin();
       return refuse(c.fn, s);
     }
+  }
+  if (oneRankCopies(c, comm, red, device)) {
+    Status s = oneRankCopy(c, comm);
+    comm->unpin();
+    return s.ok() ? ncclSuccess : fail(c.fn, s);
   }
   Status s;
   if (c.kind == Kind::kAlltoAll || c.kind == Kind::kGather || c.kind == Kind::kScatter) {

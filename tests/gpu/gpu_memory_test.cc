@@ -2,7 +2,8 @@
 // (label "gpu"): page-locked host memory runs as kernels in stream order, as NCCL's does;
 // pageable host memory runs on the CPU engine after the caller's stream; a stream being
 // captured cannot hold a host operation; a device-resident PreMulSum scalar in pinned memory;
-// the send/receive limit of one group; the application's pending CUDA error is left alone.
+// the send/receive limit of one group; the application's pending CUDA error is left alone;
+// one rank's collectives as copies made at the call.
 // Every test skips, saying why, where no GPU is present.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -241,20 +242,57 @@ TEST(GpuValidation, TooManySendsInOneGroupAreRefusedBeforeAnythingRuns) {
 }
 
 // An error the application's own CUDA call left pending is still there after a collective
-// (tutti clears only the errors of its own calls).
+// (tutti clears only the errors of its own calls). Two ranks: the engine's path (one rank's
+// collective is a plain copy).
 TEST(GpuValidation, TheApplicationsPendingCudaErrorIsLeftForIt) {
   SKIP_WITHOUT_GPU();
-  std::vector<ncclComm_t> comms = initThreads(1);
-  RankBuffers b(1, 256);
-  b.fill(0, 1.0f, nullptr);
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  TwoRanks t;
+  RankBuffers b(2, 256);
+  for (int r = 0; r < 2; ++r) b.fill(r, float(r + 1), t.streams[r]);
   void* huge = nullptr;
   ASSERT_NE(cudaMalloc(&huge, size_t(1) << 62), cudaSuccess);
-  EXPECT_EQ(ncclAllReduce(b.bufs[0], b.bufs[0], b.count, ncclFloat, ncclSum, comms[0], nullptr),
-            ncclSuccess)
-      << ncclGetLastError(comms[0]);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], b.count, ncclFloat, ncclSum,
+                            t.comms[r], t.streams[r]),
+              ncclSuccess);
+  }
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
   EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  EXPECT_EQ(b.check(0, 1.0f, nullptr), "");
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(b.check(r, 3.0f, t.streams[r]), "");
+}
+
+// One rank: a collective is a copy made at the call (or nothing in place), a PreMulSum a
+// kernel; in a group that holds the communicator's operations the copies wait their turn, so
+// both orders of calling give c = 2a: b = a; b *= 2 (in place); c = b.
+TEST(GpuOneRank, CopiesAndKernelsKeepTheCallsOrder) {
+  SKIP_WITHOUT_GPU();
+  std::vector<ncclComm_t> comms = initThreads(1);
+  ncclComm_t c = comms[0];
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  RankBuffers a(1, 1 << 20), bb(1, 1 << 20), cc(1, 1 << 20);
+  float two = 2.0f;
+  ncclRedOp_t twice;
+  ASSERT_EQ(ncclRedOpCreatePreMulSum(&twice, &two, ncclFloat, ncclScalarHostImmediate, c),
+            ncclSuccess);
+  for (bool grouped : {false, true}) {
+    a.fill(0, 3.0f, s);
+    bb.fill(0, -1.0f, s);
+    cc.fill(0, -1.0f, s);
+    if (grouped) ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    EXPECT_EQ(ncclAllReduce(a.bufs[0], bb.bufs[0], a.count, ncclFloat, ncclSum, c, s), ncclSuccess);
+    EXPECT_EQ(ncclAllReduce(bb.bufs[0], bb.bufs[0], a.count, ncclFloat, twice, c, s), ncclSuccess);
+    EXPECT_EQ(ncclAllReduce(bb.bufs[0], cc.bufs[0], a.count, ncclFloat, ncclAvg, c, s),
+              ncclSuccess);
+    if (grouped) ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    EXPECT_EQ(cc.check(0, 6.0f, s), "") << (grouped ? "in a group" : "one by one");
+    EXPECT_EQ(bb.check(0, 6.0f, s), "") << (grouped ? "in a group" : "one by one");
+  }
+  ncclRedOpDestroy(twice, c);
+  cudaStreamDestroy(s);
   destroyAll(comms);
 }
 
