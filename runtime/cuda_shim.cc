@@ -149,19 +149,16 @@ Status streamSynchronize(void* stream, int device) {
 }
 
 Status copyAsync(void* dst, const void* src, size_t bytes, void* stream, int device) {
-  int saved = -1;
-  if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
-  if (device >= 0 && device != saved) {
-    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-      cudaGetLastError();
-      return cudaStatus("cudaSetDevice", e);
-    }
+  OnDevice on(device);  // relaxed, as another thread's global-mode capture may be open
+  if (on.status() != cudaSuccess) {
+    cudaGetLastError();
+    return cudaStatus("cudaSetDevice", on.status());
   }
   const cudaError_t e =
       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream));
-  if (e != cudaSuccess) cudaGetLastError();
-  if (device >= 0 && device != saved && saved >= 0) cudaSetDevice(saved);
-  return e == cudaSuccess ? Status::Ok() : cudaStatus("cudaMemcpyAsync", e);
+  if (e == cudaSuccess) return Status::Ok();
+  cudaGetLastError();
+  return cudaStatus("cudaMemcpyAsync", e);
 }
 
 Status readInStreamOrder(void* dst, const void* src, size_t bytes, void* stream, int device) {

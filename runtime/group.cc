@@ -165,7 +165,7 @@ Status checkCaptures(const Batch& b) {
       asked = b.ops[j].device && b.ops[j].stream == op.stream;
     if (asked) continue;
     unsigned long long id = 0;
-    Status s = cuda::captureId(op.stream, &id);
+    Status s = cuda::captureIdOn(op.stream, b.comm->cudaDev(), &id);
     if (!s.ok()) {
       return Status(s.code(), who() + "stream " + ptrText(op.stream) + ": " + s.message());
     }
@@ -179,7 +179,7 @@ Status checkCaptures(const Batch& b) {
                           ptrText(first->stream) + " (" + what(firstId) + ") and stream " +
                           ptrText(op.stream) + " (" + what(id) +
                           "): one communicator's streams in a group must all be captured by "
-                          "the same graph or all not captured; nothing of the group ran");
+                          "the same graph or all not captured; nothing queued in the group ran");
     }
   }
   return Status::Ok();
@@ -250,7 +250,7 @@ void broken(std::vector<Batch>& batches, const Status& why) {
   TUTTI_WARN("%s", why.message().c_str());
   for (Batch& b : batches) {
     b.comm->setAsyncError(why);
-    b.comm->links().breakAll();
+    b.comm->breakLinks();  // host links, and GPU links where a device engine was made
   }
 }
 
@@ -339,7 +339,7 @@ Status end(bool run) {
     for (const Batch& b : batches) queued += b.ops.size();
     first = Status(refused.code(), "an operation of this group was refused (" + refused.message() +
                                        "): the group's other " + std::to_string(queued) +
-                                       " queued operations were dropped, none ran");
+                                       " queued operations were dropped, none of them ran");
   }
   if (!batches.empty()) {
     for (Batch& b : batches) {

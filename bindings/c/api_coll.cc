@@ -200,7 +200,8 @@ Status validate(const Call& c, Comm* comm, RedOpSpec* red, bool* device, bool* p
       }
     }
   }
-  if (*device && c.op != kNone && !dev::kernelFor(c.dtype, red->fn, 0)) {
+  if (*device && c.op != kNone && !(comm->nranks() == 1 && !red->pre) &&
+      !dev::kernelFor(c.dtype, red->fn, 0)) {  // (one rank copies, without a kernel)
     return invalidUsage(
         "this tutti build has no device kernel for " + std::string(api::typeName(c.dtype)) +
         " (kernels built for: " + dev::builtKernelTypes() + "; see TUTTI_KERNEL_FILTER)");
@@ -282,8 +283,8 @@ Status refuseCapture(const Call& c, Comm* comm) {
 // One rank's collective on GPU buffers is its input: a copy on the caller's stream, made at
 // the call as NCCL makes it (ncclLaunchOneRank), or nothing in place -- no engine, plan or
 // launch (1 rank, 8 B: tutti 7.01 us against NCCL's 6.04, 2026-11-23). A PreMulSum needs the
-// kernel, and a group that holds this communicator's operations keeps the call's order:
-// both take the engine.
+// kernel, and a group that holds this communicator's operations keeps the calls' order on one
+// stream: both take the engine. (Across streams nothing orders them, in NCCL either.)
 bool oneRankCopies(const Call& c, const Comm* comm, const RedOpSpec& red, bool device) {
   return device && comm->nranks() == 1 && !red.pre &&
          (c.kind == Kind::kAllReduce || c.kind == Kind::kAllGather ||
@@ -303,7 +304,8 @@ Status oneRankCopy(const Call& c, Comm* comm) {
   TUTTI_INFO(log::kColl,
              "%s: sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=1] "
              "one-rank copy",
-             c.fn + 4, c.send, c.recv, c.count, c.dtype, c.op, c.root, static_cast<void*>(comm));
+             c.fn + 4, c.send, c.recv, c.count, c.dtype, c.op == kNone ? -1 : c.op,
+             c.root == kNone ? -1 : c.root, static_cast<void*>(comm));
   if (c.send == c.recv) return Status::Ok();
   return cuda::copyAsync(const_cast<void*>(c.recv), c.send, c.count * api::typeSize(c.dtype),
                          static_cast<void*>(c.stream), comm->cudaDev());
@@ -343,7 +345,7 @@ ncclResult_t enqueue(const Call& c) {
   if (oneRankCopies(c, comm, red, device)) {
     Status s = oneRankCopy(c, comm);
     comm->unpin();
-    return s.ok() ? ncclSuccess : fail(c.fn, s);
+    return s.ok() ? ncclSuccess : refuse(c.fn, s);
   }
   Status s;
   if (c.kind == Kind::kAlltoAll || c.kind == Kind::kGather || c.kind == Kind::kScatter) {

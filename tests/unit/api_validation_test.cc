@@ -271,7 +271,7 @@ TEST_F(ApiValidation, ARefusedCallFailsItsWholeGroup) {
   expectError(
       ncclAllReduce(buf_, recv, 4, static_cast<ncclDataType_t>(99), ncclSum, comm_, nullptr),
       ncclInvalidArgument, "rank 0 of 1: datatype 99");
-  expectError(ncclGroupEnd(), ncclInvalidArgument, "none ran");
+  expectError(ncclGroupEnd(), ncclInvalidArgument, "none of them ran");
   EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("datatype 99"), std::string::npos);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(recv[i], -7.0f) << i;  // the good call did not run
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
