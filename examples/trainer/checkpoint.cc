@@ -11,7 +11,9 @@ namespace trainer {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'U', 'T', 'T', 'I', 'C', 'K', 'P'};
-constexpr uint32_t kVersion = 1;
+// Version 2 records the training set's size (the step's place in an epoch depends on it) and
+// checksums the header too; version 1 files still load.
+constexpr uint32_t kVersion = 2;
 constexpr uint32_t kMaxLayers = 64;
 
 // Fixed-width, little-endian on every machine this runs on (x86-64, aarch64).
@@ -24,8 +26,8 @@ struct Header {
   uint64_t seed;
   uint64_t nparams;
   uint32_t momentum_started;
-  uint32_t reserved;
-  uint64_t checksum;  // FNV-1a over the dims and both float arrays
+  uint32_t train_samples;  // version 2 (0 in version 1)
+  uint64_t checksum;       // FNV-1a over the header (this field 0; version 1: not), dims, arrays
 };
 
 uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
@@ -34,8 +36,13 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
   return h;
 }
 
-uint64_t payloadChecksum(const Checkpoint& ck) {
+uint64_t payloadChecksum(const Checkpoint& ck, const Header* header) {
   uint64_t h = 0xcbf29ce484222325ull;
+  if (header) {
+    Header zeroed = *header;
+    zeroed.checksum = 0;
+    h = fnv1a(h, &zeroed, sizeof zeroed);
+  }
   h = fnv1a(h, ck.dims.data(), ck.dims.size() * sizeof(int));
   h = fnv1a(h, ck.params.data(), ck.params.size() * sizeof(float));
   return fnv1a(h, ck.momentum.data(), ck.momentum.size() * sizeof(float));
@@ -55,6 +62,18 @@ bool writeAll(int fd, const void* data, size_t n) {
 
 }  // namespace
 
+bool checkpointWritable(const std::string& path, std::string* error) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    *error = "cannot write the checkpoint " + path + ": " + strerror(errno);
+    return false;
+  }
+  ::close(fd);
+  ::unlink(tmp.c_str());
+  return true;
+}
+
 bool saveCheckpoint(const std::string& path, const Checkpoint& ck, std::string* error) {
   if (ck.momentum.size() != ck.params.size() || ck.dims.size() > kMaxLayers) {
     *error = "internal: inconsistent checkpoint contents";
@@ -69,12 +88,14 @@ bool saveCheckpoint(const std::string& path, const Checkpoint& ck, std::string* 
   h.seed = ck.seed;
   h.nparams = ck.params.size();
   h.momentum_started = ck.momentum_started ? 1 : 0;
-  h.checksum = payloadChecksum(ck);
+  h.train_samples = uint32_t(ck.train_samples);
+  h.checksum = payloadChecksum(ck, &h);
   // A crash mid-write must never leave a torn checkpoint under the real name.
   std::string tmp = path + ".tmp." + std::to_string(getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    *error = "cannot create " + tmp + ": " + strerror(errno);
+    *error = "cannot write the checkpoint " + path + " (its temporary file " + tmp +
+             "): " + strerror(errno);
     return false;
   }
   bool ok =
@@ -106,7 +127,7 @@ bool loadCheckpoint(const std::string& path, Checkpoint* ck, std::string* error)
   Header h{};
   if (fread(&h, sizeof h, 1, f) != 1) return fail("too short for a header");
   if (memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("not a tutti-train checkpoint");
-  if (h.version != kVersion) {
+  if (h.version != kVersion && h.version != 1) {
     return fail("format version " + std::to_string(h.version) + ", this program reads " +
                 std::to_string(kVersion));
   }
@@ -124,7 +145,7 @@ bool loadCheckpoint(const std::string& path, Checkpoint* ck, std::string* error)
   }
   if (fgetc(f) != EOF) return fail("trailing bytes after the momentum buffers");
   fclose(f);
-  if (payloadChecksum(*ck) != h.checksum) {
+  if (payloadChecksum(*ck, h.version >= 2 ? &h : nullptr) != h.checksum) {
     *error = "checkpoint " + path + ": checksum mismatch (the file is corrupt)";
     return false;
   }
@@ -132,6 +153,7 @@ bool loadCheckpoint(const std::string& path, Checkpoint* ck, std::string* error)
   ck->global_batch = h.global_batch;
   ck->seed = h.seed;
   ck->momentum_started = h.momentum_started != 0;
+  ck->train_samples = h.version >= 2 ? int64_t(h.train_samples) : 0;
   return true;
 }
 

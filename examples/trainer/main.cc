@@ -22,8 +22,10 @@ bool launchedByLauncher() {
 }
 
 int localRanks() {
+  // SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node; SLURM_TASKS_PER_NODE always
+  // ("4", "2(x3)" or "3,2": its first figure is a node's, close enough for a thread count).
   for (const char* v : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
-                        "SLURM_NTASKS_PER_NODE"}) {
+                        "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
     const char* s = getenv(v);
     if (s && atoi(s) > 0) return atoi(s);
   }
@@ -133,7 +135,15 @@ int main(int argc, char** argv) {
     fprintf(stderr, "tutti-train: %s\n%s", err.c_str(), trainer::usage());
     return 2;
   }
-  if (o.threads > 0) return runThreads(o);
+  if (o.threads > 0) {
+    if (launchedByLauncher()) {  // each launched process would run a job of its own
+      fprintf(stderr,
+              "tutti-train: --threads starts the ranks itself; under a launcher (tutti-run, "
+              "torchrun, srun, mpirun) leave it out: the launcher's processes are the ranks\n");
+      return 2;
+    }
+    return runThreads(o);
+  }
 
   ncclComm_t comm = nullptr;
   ncclResult_t rc;

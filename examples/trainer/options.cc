@@ -9,7 +9,8 @@ namespace trainer {
 const char* usage() {
   return "usage: tutti-train [options]      (under tutti-run -n N, torchrun, srun or mpirun;\n"
          "                                   alone it runs one rank, or --threads N ranks)\n"
-         "  --epochs N           passes over the training set (3)\n"
+         "  --epochs N           passes over the training set (3; each drops the last partial\n"
+         "                       global batch, a different one each epoch by the reshuffle)\n"
          "  --batch N            global batch size, over all ranks and accumulation steps (128)\n"
          "  --accum K            gradient accumulation steps per optimizer step (1)\n"
          "  --lr X               learning rate (0.05)\n"
@@ -46,6 +47,19 @@ bool parseInt(const char* s, int64_t lo, int64_t hi, int64_t* v) {
   return true;
 }
 
+// The options that take a value (parseOptions' list), so that an unknown one is named as such
+// even at the end of the line.
+bool isOption(const std::string& a) {
+  for (const char* o :
+       {"--epochs",       "--batch",      "--accum",      "--lr",      "--momentum",
+        "--weight-decay", "--grad-dtype", "--hidden",     "--overlap", "--device",
+        "--seed",         "--checkpoint", "--save-every", "--resume",  "--max-steps",
+        "--train-limit",  "--test-limit", "--bucket-kb",  "--threads", "--data"}) {
+    if (a == o) return true;
+  }
+  return false;
+}
+
 bool parseReal(const char* s, double lo, double hi, double* v) {
   errno = 0;
   char* end = nullptr;
@@ -65,8 +79,16 @@ int parseOptions(int argc, char** argv, Options* o, std::string* error) {
       o->overlap = o->overlap_auto = false;
       continue;
     }
+    if (a.rfind("--", 0) != 0) {
+      *error = "unexpected argument '" + a + "'";
+      return -1;
+    }
+    if (!isOption(a)) {
+      *error = "unknown option " + a + " (see --help)";
+      return -1;
+    }
     if (i + 1 >= argc) {
-      *error = a.rfind("--", 0) == 0 ? a + " needs a value" : "unexpected argument '" + a + "'";
+      *error = a + " needs a value";
       return -1;
     }
     const char* v = argv[++i];
@@ -155,6 +177,10 @@ int parseOptions(int argc, char** argv, Options* o, std::string* error) {
       *error = "unknown option " + a + " (see --help)";
       return -1;
     }
+  }
+  if (o->save_every > 0 && o->checkpoint.empty()) {
+    *error = "--save-every needs --checkpoint PATH (where to save)";
+    return -1;
   }
   return 0;
 }

@@ -139,6 +139,8 @@ bool Run::setUp(const Dataset* data) {
     err = "the training set has " + std::to_string(data_->train.count) +
           " samples, fewer than one global batch of " + std::to_string(o_.batch);
   }
+  // A checkpoint that cannot be written is found now, not after the first epoch.
+  if (ok && rank_ == 0 && !o_.checkpoint.empty()) ok = checkpointWritable(o_.checkpoint, &err);
   if (!ok) res_.error = "rank " + std::to_string(rank_) + ": " + err;
   if (!allOk(comm_, ok, &err)) return ok ? fail(err) : false;
 
@@ -193,6 +195,14 @@ bool Run::initState() {
               "--seed %llu, so it does not continue the same trajectory\n",
               o_.resume.c_str(), (long long)ck.global_batch, (unsigned long long)ck.seed, o_.batch,
               (unsigned long long)o_.seed);
+        }
+        if (ck.train_samples != 0 && ck.train_samples != data_->train.count) {
+          // The step's epoch and place in the shuffle come from the steps per epoch.
+          say("warning: %s was written training on %lld samples; this run trains on %d (check "
+              "--train-limit and --data), so step %lld falls elsewhere in the data and the run "
+              "does not continue the same trajectory\n",
+              o_.resume.c_str(), (long long)ck.train_samples, data_->train.count,
+              (long long)ck.step);
         }
         params_ = std::move(ck.params);
         momentum_ = std::move(ck.momentum);
@@ -373,6 +383,7 @@ bool Run::write() {
   ck.global_batch = o_.batch;
   ck.seed = o_.seed;
   ck.momentum_started = momentum_started_;
+  ck.train_samples = data_->train.count;
   std::string err;
   if (gpu_ && !gpu_->download(params_.data(), momentum_.data(), &err))
     return fail("rank 0: " + err);
@@ -415,7 +426,9 @@ TrainResult Run::go(const Dataset* data) {
       if (!step(perm, step_ - int64_t(epoch) * steps_per_epoch_, &loss, &right)) {
         return std::move(res_);
       }
-      if (o_.save_every > 0 && step_ % o_.save_every == 0 && !save()) return std::move(res_);
+      // (At the epoch's end the epoch's own save follows.)
+      if (o_.save_every > 0 && step_ % o_.save_every == 0 && step_ != epoch_end && !save())
+        return std::move(res_);
     }
     const double t_train = now() - t0;
     const int64_t seen = (step_ - first) * int64_t(micro_) * o_.accum;

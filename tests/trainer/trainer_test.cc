@@ -298,6 +298,33 @@ TEST(Trainer, BadCheckpointsAreRefusedOnEveryRank) {
     EXPECT_NE(rs[1].error.find("rank 0 could not load the checkpoint"), std::string::npos);
   }
   {
+    // The training set's size is recorded (a resume warns where it differs: the step's place
+    // in the epoch depends on it), and the header is under the checksum: a flipped bit in
+    // the step is caught, not resumed from.
+    Checkpoint ck;
+    std::string err;
+    ASSERT_TRUE(loadCheckpoint(path, &ck, &err)) << err;
+    EXPECT_EQ(ck.train_samples, data().train.count);
+    EXPECT_EQ(ck.step, 2);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(16);  // the step: after the magic (8), the version (4) and the layer count (4)
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x01;
+    f.seekp(16);
+    f.write(&c, 1);
+    f.close();
+    EXPECT_FALSE(loadCheckpoint(path, &ck, &err));
+    EXPECT_NE(err.find("checksum mismatch"), std::string::npos) << err;
+    std::fstream g(path, std::ios::in | std::ios::out | std::ios::binary);
+    c ^= 0x01;
+    g.seekp(16);
+    g.write(&c, 1);
+    g.close();
+    ASSERT_TRUE(loadCheckpoint(path, &ck, &err)) << err;
+    EXPECT_EQ(ck.step, 2);
+  }
+  {
     // One flipped byte in the parameters.
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(200);
@@ -418,6 +445,26 @@ TEST(Trainer, OptionsAreParsedAndBadOnesNamed) {
   EXPECT_EQ(err, "unknown option --frobnicate (see --help)");
   EXPECT_EQ(parse({"--batch"}, &o, &err), -1);
   EXPECT_EQ(err, "--batch needs a value");
+  EXPECT_EQ(parse({"--verbose"}, &o, &err), -1);  // last on the line: still unknown, not "needs"
+  EXPECT_EQ(err, "unknown option --verbose (see --help)");
+  Options fresh;
+  EXPECT_EQ(parse({"--save-every", "10"}, &fresh, &err), -1);
+  EXPECT_EQ(err, "--save-every needs --checkpoint PATH (where to save)");
+}
+
+// A checkpoint path that cannot be written fails the run at set-up, on every rank, naming the
+// path -- not after the first epoch.
+TEST(Trainer, AnUnwritableCheckpointPathFailsAtSetUp) {
+  Options o = quiet();
+  o.checkpoint = "/nonexistent-dir/ck.bin";
+  std::vector<TrainResult> rs = runRanks(2, o);
+  for (size_t r = 0; r < rs.size(); ++r) {
+    EXPECT_FALSE(rs[r].ok) << r;
+    EXPECT_EQ(rs[r].steps, 0) << r;
+  }
+  EXPECT_NE(rs[0].error.find("cannot write the checkpoint /nonexistent-dir/ck.bin"),
+            std::string::npos)
+      << rs[0].error;
 }
 
 // The README's main command in miniature: processes under tutti-run, the real binary, its output.
