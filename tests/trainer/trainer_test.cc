@@ -277,6 +277,17 @@ TEST(Trainer, BadSetupsFailOnEveryRankWithAMessage) {
   }
 }
 
+// Flips the bits of mask in the byte at offset of the file.
+void flipBits(const std::string& path, std::streamoff offset, char mask) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char c = 0;
+  f.read(&c, 1);
+  c = char(c ^ mask);
+  f.seekp(offset);
+  f.write(&c, 1);
+}
+
 TEST(Trainer, BadCheckpointsAreRefusedOnEveryRank) {
   const std::string path = ::testing::TempDir() + "/tutti_ck_bad";
   Options o = quiet();
@@ -306,34 +317,16 @@ TEST(Trainer, BadCheckpointsAreRefusedOnEveryRank) {
     ASSERT_TRUE(loadCheckpoint(path, &ck, &err)) << err;
     EXPECT_EQ(ck.train_samples, data().train.count);
     EXPECT_EQ(ck.step, 2);
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(16);  // the step: after the magic (8), the version (4) and the layer count (4)
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x01;
-    f.seekp(16);
-    f.write(&c, 1);
-    f.close();
+    flipBits(path, 16, 0x01);  // the step: after the magic (8), version (4), layer count (4)
     EXPECT_FALSE(loadCheckpoint(path, &ck, &err));
     EXPECT_NE(err.find("checksum mismatch"), std::string::npos) << err;
-    std::fstream g(path, std::ios::in | std::ios::out | std::ios::binary);
-    c ^= 0x01;
-    g.seekp(16);
-    g.write(&c, 1);
-    g.close();
+    flipBits(path, 16, 0x01);
     ASSERT_TRUE(loadCheckpoint(path, &ck, &err)) << err;
     EXPECT_EQ(ck.step, 2);
   }
   {
     // One flipped byte in the parameters.
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(200);
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x10;
-    f.seekp(200);
-    f.write(&c, 1);
-    f.close();
+    flipBits(path, 200, 0x10);
     std::vector<TrainResult> rs = runRanks(2, r);
     EXPECT_FALSE(rs[0].ok);
     EXPECT_NE(rs[0].error.find("checksum mismatch"), std::string::npos) << rs[0].error;
