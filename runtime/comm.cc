@@ -152,6 +152,15 @@ void Comm::endSplitTurn() {
   splitCv_.notify_all();
 }
 
+Status Comm::failedEarlier() const {
+  const Code c = asyncCode();
+  if (c == Code::kOk || c == Code::kInProgress) return Status::Ok();
+  return Status(c, "rank " + std::to_string(rank()) +
+                       ": the communicator failed earlier and cannot run more operations (abort "
+                       "it and make a new one): " +
+                       asyncMessage());
+}
+
 std::string Comm::asyncMessage() const {
   std::lock_guard<std::mutex> lock(mu_);
   return asyncMessage_;
@@ -186,6 +195,10 @@ Status Comm::init(const wire::UniqueId& id) {
       return internalError("peer info exchange: slot " + std::to_string(r) + " holds rank " +
                            std::to_string(peers_[static_cast<size_t>(r)].rank));
     }
+  }
+  peersOnLocalGpus_ = true;
+  for (const PeerInfo& p : peers_) {
+    peersOnLocalGpus_ &= p.cudaDev >= 0 && p.hostHash == peers_[size_t(rank())].hostHash;
   }
   // Link setup waits on single peers through the bootstrap: a peer process that exited
   // (killed, crashed, or failed before its links) ends the wait at once, by name, instead of

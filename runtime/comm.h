@@ -64,6 +64,8 @@ class Comm {
   Code asyncCode() const { return asyncCode_.load(std::memory_order_acquire); }
   std::string asyncMessage() const;
   void setAsyncError(const Status& s);
+  // Ok, or the refusal of an operation on a communicator that failed earlier (its error).
+  Status failedEarlier() const;
 
   // Makes every wait of this comm return; safe from any thread, returns at once.
   void requestAbort() {
@@ -83,6 +85,9 @@ class Comm {
   const CommConfig& config() const { return config_; }
   Bootstrap* bootstrap() { return bootstrap_.get(); }
   const std::vector<PeerInfo>& peers() const { return peers_; }
+  // Every rank is a GPU rank of this host (what GPU buffers in a collective need), as the
+  // peer exchange at init found.
+  bool peersOnLocalGpus() const { return peersOnLocalGpus_; }
   // Split re-seats the identity before init (rank and size are learned from the parent).
   void setIdentity(int rank, int nranks) { rank_ = rank, nranks_ = nranks; }
 
@@ -137,6 +142,7 @@ class Comm {
   std::atomic<uint32_t*> deviceAbortWord_{nullptr};
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<PeerInfo> peers_;
+  bool peersOnLocalGpus_ = false;
   std::thread worker_;
   std::vector<std::shared_future<Status>> helpers_;
   std::atomic<uint64_t> nextSplitTicket_{0};

@@ -2,6 +2,8 @@
 
 #ifdef TUTTI_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "runtime/cuda_scope.h"
 #endif
 
 #include <cstdlib>
@@ -110,64 +112,29 @@ int streamDevice(void* stream) {
 #endif
 }
 
-namespace {
-// The calling thread's device set to `device` for its lifetime, in relaxed capture mode.
-class OnDevice {
- public:
-  explicit OnDevice(int device) {
-    cudaThreadExchangeStreamCaptureMode(&mode_);
-    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
-    if (device >= 0 && device != saved_) {
-      set_ = cudaSetDevice(device);
-      changed_ = set_ == cudaSuccess;
-    }
-  }
-  ~OnDevice() {
-    if (changed_ && saved_ >= 0) cudaSetDevice(saved_);
-    cudaThreadExchangeStreamCaptureMode(&mode_);
-  }
-  cudaError_t status() const { return set_; }
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-  int saved_ = -1;
-  bool changed_ = false;
-  cudaError_t set_ = cudaSuccess;
-};
-}  // namespace
+// The calls below run on the communicator's device, in relaxed capture mode (another thread's
+// global-mode capture may be open), with runtime/cuda_scope.h's guards; DeviceGuard also
+// clears the error a failed call of ours leaves.
 
 Status streamSynchronize(void* stream, int device) {
-  OnDevice on(device);
-  if (on.status() != cudaSuccess) {
-    cudaGetLastError();
-    return cudaStatus("cudaSetDevice", on.status());
-  }
+  CaptureModeRelaxed relaxed;
+  DeviceGuard guard(device);
   const cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-  if (e == cudaSuccess) return Status::Ok();
-  cudaGetLastError();
-  return cudaStatus("cudaStreamSynchronize", e);
+  return e == cudaSuccess ? Status::Ok() : cudaStatus("cudaStreamSynchronize", e);
 }
 
 Status copyAsync(void* dst, const void* src, size_t bytes, void* stream, int device) {
-  OnDevice on(device);  // relaxed, as another thread's global-mode capture may be open
-  if (on.status() != cudaSuccess) {
-    cudaGetLastError();
-    return cudaStatus("cudaSetDevice", on.status());
-  }
+  CaptureModeRelaxed relaxed;
+  DeviceGuard guard(device);
   const cudaError_t e =
       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream));
-  if (e == cudaSuccess) return Status::Ok();
-  cudaGetLastError();
-  return cudaStatus("cudaMemcpyAsync", e);
+  return e == cudaSuccess ? Status::Ok() : cudaStatus("cudaMemcpyAsync", e);
 }
 
 Status readInStreamOrder(void* dst, const void* src, size_t bytes, void* stream, int device) {
   if (bytes > 8) return invalidArgument("readInStreamOrder: more than 8 bytes");
-  OnDevice on(device);
-  if (on.status() != cudaSuccess) {
-    cudaGetLastError();
-    return cudaStatus("cudaSetDevice", on.status());
-  }
+  CaptureModeRelaxed relaxed;
+  DeviceGuard guard(device);
   thread_local void* bounce = nullptr;  // one page-locked word per thread, kept
   cudaError_t e = cudaSuccess;
   if (!bounce) e = cudaHostAlloc(&bounce, 8, cudaHostAllocPortable);
@@ -175,10 +142,7 @@ Status readInStreamOrder(void* dst, const void* src, size_t bytes, void* stream,
     e = cudaMemcpyAsync(bounce, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream));
   }
   if (e == cudaSuccess) e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return cudaStatus("reading GPU memory", e);
-  }
+  if (e != cudaSuccess) return cudaStatus("reading GPU memory", e);
   memcpy(dst, bounce, bytes);
   return Status::Ok();
 }
@@ -203,12 +167,8 @@ Status captureId(void* stream, unsigned long long* id) {
 }
 
 Status captureIdOn(void* stream, int device, unsigned long long* id) {
-  *id = 0;
-  OnDevice on(device);
-  if (on.status() != cudaSuccess) {
-    cudaGetLastError();
-    return cudaStatus("cudaSetDevice", on.status());
-  }
+  CaptureModeRelaxed relaxed;
+  DeviceGuard guard(device);
   return captureId(stream, id);
 }
 

@@ -9,7 +9,6 @@
 
 #include "collectives/recursive_doubling.h"
 #include "kernels/cpu/ring_dispatch.h"
-#include "nccl.h"
 #include "runtime/comm.h"
 #include "runtime/device_engine.h"
 #include "runtime/dtype.h"
@@ -49,13 +48,7 @@ void Engine::waitAsync() { runner_.wait(); }
 
 Status Engine::run(const CollArgs* ops, size_t nops, bool deferDeviceLaunch) {
   std::lock_guard<std::mutex> lock(mu_);
-  Code c = comm_.asyncCode();
-  if (c != Code::kOk && c != Code::kInProgress) {
-    return Status(c, "rank " + std::to_string(comm_.rank()) +
-                         ": the communicator failed earlier and cannot run more operations "
-                         "(abort it and make a new one): " +
-                         comm_.asyncMessage());
-  }
+  TUTTI_TRY(comm_.failedEarlier());
   Status s;
   std::vector<const CollArgs*> p2p;
   std::vector<CollArgs> onDevice;
@@ -101,7 +94,7 @@ Status Engine::runCollective(const CollArgs& op) {
   // itself: only for ops whose operands commute bit for bit, scaled (Avg) by the receiver --
   // never a PreMulSum, whose scalar each rank chooses for its own input.
   cpu::Algo algo = op.kind == CollKind::kAllReduce && n == 2 && total <= pairMaxBytes_ &&
-                           cpu::rdSymmetric(op) && (!op.red.pre || op.op == ncclAvg) &&
+                           cpu::rdSymmetric(op) && cpu::scalesAlike(op) &&
                            comm_.links().usesNet((r + 1) % n)
                        ? cpu::Algo::kPair
                        : cpu::Algo::kRing;
@@ -180,7 +173,7 @@ Status Engine::runCollective(const CollArgs& op) {
   // (the peer reads this rank's input while it writes its output): rank 1 answers whether they
   // go by exchange.
   if (op.kind == CollKind::kAllReduce && n == 2 && count > 0 && exchangeMinBytes_ != 0 &&
-      total >= exchangeMinBytes_ && cpu::rdSymmetric(op) && (!op.red.pre || op.op == ncclAvg) &&
+      total >= exchangeMinBytes_ && cpu::rdSymmetric(op) && cpu::scalesAlike(op) &&
       !comm_.links().ringUsesNet()) {
     // (Buffers that overlap in part count as in place.)
     const bool outOfPlace = op.outOfPlace(total);

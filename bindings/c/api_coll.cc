@@ -72,7 +72,9 @@ Status checkReach(const Call& c, Comm* comm) {
   };
   if (c.kind == Kind::kSend || c.kind == Kind::kRecv)
     return c.root == me ? Status::Ok() : reach(c.root);
-  if (peers.size() != static_cast<size_t>(comm->nranks())) return Status::Ok();
+  // A collective reaches every rank: known since init (the loop below only finds the message).
+  if (comm->peersOnLocalGpus() || peers.size() != static_cast<size_t>(comm->nranks()))
+    return Status::Ok();
   for (int p = 0; p < comm->nranks(); ++p) {
     if (p != me) TUTTI_TRY(reach(p));
   }
@@ -294,13 +296,7 @@ bool oneRankCopies(const Call& c, const Comm* comm, const RedOpSpec& red, bool d
 }
 
 Status oneRankCopy(const Call& c, Comm* comm) {
-  const Code failed = comm->asyncCode();
-  if (failed != Code::kOk && failed != Code::kInProgress) {
-    return Status(failed,
-                  "rank 0 of 1: the communicator failed earlier and cannot run more "
-                  "operations (abort it and make a new one): " +
-                      comm->asyncMessage());
-  }
+  TUTTI_TRY(comm->failedEarlier());
   TUTTI_INFO(log::kColl,
              "%s: sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=1] "
              "one-rank copy",

@@ -48,6 +48,9 @@ uint64_t payloadChecksum(const Checkpoint& ck, const Header* header) {
   return fnv1a(h, ck.momentum.data(), ck.momentum.size() * sizeof(float));
 }
 
+// Where a checkpoint is written before it is renamed into place.
+std::string tmpPath(const std::string& path) { return path + ".tmp." + std::to_string(getpid()); }
+
 bool writeAll(int fd, const void* data, size_t n) {
   const auto* p = static_cast<const char*>(data);
   while (n > 0) {
@@ -63,7 +66,7 @@ bool writeAll(int fd, const void* data, size_t n) {
 }  // namespace
 
 bool checkpointWritable(const std::string& path, std::string* error) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const std::string tmp = tmpPath(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
     *error = "cannot write the checkpoint " + path + ": " + strerror(errno);
@@ -91,7 +94,7 @@ bool saveCheckpoint(const std::string& path, const Checkpoint& ck, std::string* 
   h.train_samples = uint32_t(ck.train_samples);
   h.checksum = payloadChecksum(ck, &h);
   // A crash mid-write must never leave a torn checkpoint under the real name.
-  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  std::string tmp = tmpPath(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     *error = "cannot write the checkpoint " + path + " (its temporary file " + tmp +

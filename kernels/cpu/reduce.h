@@ -64,26 +64,12 @@ struct Reducer {
   // dst[i] = [post](recvd[i] (op) pre(mine[i])), or pre(recvd[i]) where preOnReceive; dst may
   // alias either input.
   void reduce(T* dst, const T* recvd, const T* mine, size_t n, bool withPost) const {
-    if (hasPre && preOnReceive) {
-      if constexpr (std::is_same_v<T, half_t>) {
-        if (simd::reduceHalf(reinterpret_cast<uint16_t*>(dst),
-                             reinterpret_cast<const uint16_t*>(recvd),
-                             reinterpret_cast<const uint16_t*>(mine), n, static_cast<int>(F), true,
-                             preScalar, withPost && hasPost, postDivisor, /*preA=*/true)) {
-          return;
-        }
-      }
-      for (size_t i = 0; i < n; ++i) {
-        Acc v = combine(pre(E::load(recvd[i])), pre(E::load(mine[i])));
-        dst[i] = E::store(withPost ? post(v) : v);
-      }
-      return;
-    }
+    const bool preA = hasPre && preOnReceive;
     if constexpr (std::is_same_v<T, half_t>) {
       if (simd::reduceHalf(reinterpret_cast<uint16_t*>(dst),
                            reinterpret_cast<const uint16_t*>(recvd),
                            reinterpret_cast<const uint16_t*>(mine), n, static_cast<int>(F), hasPre,
-                           preScalar, withPost && hasPost, postDivisor)) {
+                           preScalar, withPost && hasPost, postDivisor, preA)) {
         return;
       }
     }
@@ -93,7 +79,8 @@ struct Reducer {
       return;
     }
     for (size_t i = 0; i < n; ++i) {
-      Acc v = combine(E::load(recvd[i]), pre(E::load(mine[i])));
+      const Acc a = preA ? pre(E::load(recvd[i])) : E::load(recvd[i]);
+      Acc v = combine(a, pre(E::load(mine[i])));
       dst[i] = E::store(withPost ? post(v) : v);
     }
   }

@@ -118,12 +118,11 @@ void runReduction(const CollArgs& op, Algo algo, const algo::RingArgs& ra,
                                                      sendTo->conn->copiesRunSlow())) ||
                             (algo == Algo::kPair && sendTo->conn->directPaysIntoSlot() &&
                              op.outOfPlace(op.count * sizeof(T))));
-  // Avg's 1/nranks is the same on both ranks; a PreMulSum's scalar is each rank's own (the
-  // engine never runs one by pair or exchange). Over two ranks the ring's reductions also
-  // combine a peer's raw input with this rank's own, so the input may leave as it is (by
-  // address where that pays): 2 ranks, 2 MiB float avg, 183-187 us scaled by the sender
-  // against a sum's 82-183.
-  if (op.op == ncclAvg && (algo == Algo::kPair || algo == Algo::kExchange || ra.nranks == 2))
+  // The pair and exchange (which the engine takes only where scalesAlike), and over two ranks
+  // the ring, combine a peer's raw input with this rank's own, so the input may leave as it
+  // is (by address where that pays): 2 ranks, 2 MiB float avg, 183-187 us scaled by the
+  // sender against a sum's 82-183.
+  if (scalesAlike(op) && (algo == Algo::kPair || algo == Algo::kExchange || ra.nranks == 2))
     fn.preOnReceive = true;
   HostPrims<T, Reducer<T, F>> p(sendTo, recvFrom, static_cast<const T*>(op.send),
                                 static_cast<T*>(op.recv), fn, w, inputDirect);
@@ -389,6 +388,8 @@ void exchangeChunks(HostPrims<uint8_t, CopyOnly>& p, size_t sendIn, size_t sendO
 }
 
 }  // namespace
+
+bool scalesAlike(const CollArgs& op) { return !op.red.pre || op.op == ncclAvg; }
 
 bool rdSymmetric(const CollArgs& op) {
   const bool floating = op.dtype == ncclFloat16 || op.dtype == ncclFloat32 ||

@@ -94,5 +94,9 @@ bool broadcastWay(const CollArgs& op, size_t bytes, int rank, int nranks, transp
 // Whether recursive doubling gives every rank the same bits for this operation: the op must
 // be commutative bit for bit (floating max/min are not, with NaNs).
 bool rdSymmetric(const CollArgs& op);
+// Whether a rank may scale its peer's raw input itself (Reducer::preOnReceive: the pair, the
+// exchange, a two-rank ring): no scaling, or Avg's 1/nranks, the same on both ranks -- never a
+// PreMulSum, whose scalar is each rank's own.
+bool scalesAlike(const CollArgs& op);
 
 }  // namespace tutti::cpu
