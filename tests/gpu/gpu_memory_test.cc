@@ -31,6 +31,20 @@ struct TwoRanks {
       EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     }
   }
+  // Both ranks all-reduce their buffer of b in place, summing, in one group: the group's
+  // result, or the first call's failure.
+  ncclResult_t allReduce(RankBuffers& b) {
+    if (ncclResult_t e = ncclGroupStart(); e != ncclSuccess) return e;
+    for (int r = 0; r < 2; ++r) {
+      ncclResult_t e = ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], b.count, ncclFloat,
+                                     ncclSum, comms[r], streams[r]);
+      if (e != ncclSuccess) {
+        ncclGroupEnd();
+        return e;
+      }
+    }
+    return ncclGroupEnd();
+  }
   ~TwoRanks() {
     for (ncclComm_t c : comms) {
       if (c) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
@@ -231,13 +245,7 @@ TEST(GpuValidation, TooManySendsInOneGroupAreRefusedBeforeAnythingRuns) {
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
   EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("at most 16"), std::string::npos)
       << ncclGetLastError(nullptr);
-  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], b.count, ncclFloat, ncclSum,
-                            t.comms[r], t.streams[r]),
-              ncclSuccess);
-  }
-  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  ASSERT_EQ(t.allReduce(b), ncclSuccess) << ncclGetLastError(nullptr);
   for (int r = 0; r < 2; ++r) EXPECT_EQ(b.check(r, 3.0f, t.streams[r]), "");
 }
 
@@ -252,13 +260,7 @@ TEST(GpuValidation, TheApplicationsPendingCudaErrorIsLeftForIt) {
   for (int r = 0; r < 2; ++r) b.fill(r, float(r + 1), t.streams[r]);
   void* huge = nullptr;
   ASSERT_NE(cudaMalloc(&huge, size_t(1) << 62), cudaSuccess);
-  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], b.count, ncclFloat, ncclSum,
-                            t.comms[r], t.streams[r]),
-              ncclSuccess);
-  }
-  EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  EXPECT_EQ(t.allReduce(b), ncclSuccess) << ncclGetLastError(nullptr);
   EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   for (int r = 0; r < 2; ++r) EXPECT_EQ(b.check(r, 3.0f, t.streams[r]), "");
