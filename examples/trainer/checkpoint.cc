@@ -113,6 +113,21 @@ bool saveCheckpoint(const std::string& path, const Checkpoint& ck, std::string* 
     *error = "cannot write checkpoint " + path + ": " + strerror(saved);
     return false;
   }
+  // The rename itself is durable only once the directory holding it is synced: without this a
+  // power loss may bring back the previous checkpoint (or none) under the name.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0 || ::fsync(dfd) != 0) {
+    saved = errno;
+    if (dfd >= 0) ::close(dfd);
+    *error = "checkpoint " + path + " written, but syncing its directory " + dir +
+             " failed: " + strerror(saved);
+    return false;
+  }
+  ::close(dfd);
   return true;
 }
 

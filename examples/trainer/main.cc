@@ -3,6 +3,7 @@
 //   tutti-train --threads 4                        (4 ranks as threads of one process)
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -46,9 +47,15 @@ void chooseOverlap(trainer::Options* o, int local_ranks) {
                    (local_ranks > 1 ? "s" : "") + " on " + std::to_string(cores) + " cores";
 }
 
-int report(const trainer::TrainResult& r) {
+// Prints a failed rank's error, once: `printed` holds the errors already reported (ranks of
+// one process that fail alike, such as on a batch they do not divide, say it once).
+int report(const trainer::TrainResult& r, std::vector<std::string>* printed) {
   if (r.ok) return 0;
-  fprintf(stderr, "tutti-train: %s\n", r.error.empty() ? "failed" : r.error.c_str());
+  const std::string what = r.error.empty() ? "failed" : r.error;
+  if (std::find(printed->begin(), printed->end(), what) == printed->end()) {
+    fprintf(stderr, "tutti-train: %s\n", what.c_str());
+    printed->push_back(what);
+  }
   return 1;
 }
 
@@ -108,15 +115,25 @@ int runThreads(trainer::Options o) {
     for (auto& t : threads) t.join();
   }
   int rc = loaded ? 0 : 1;
+  std::vector<std::string> printed;
   if (firstFailed >= 0) {  // its error first: the others' follow from it (or from the abort)
-    report(results[size_t(firstFailed)]);
+    report(results[size_t(firstFailed)], &printed);
     rc = 1;
   }
   for (int r = 0; r < n; ++r) {
-    if (loaded && r != firstFailed && report(results[size_t(r)])) rc = 1;
+    if (loaded && r != firstFailed && report(results[size_t(r)], &printed)) rc = 1;
   }
   if (firstFailed < 0) {
-    for (ncclComm_t c : comms) rc ? ncclCommAbort(c) : ncclCommDestroy(c);
+    for (int r = 0; r < n; ++r) {
+      ncclComm_t c = comms[size_t(r)];
+      if (rc) {
+        ncclCommAbort(c);
+      } else if (ncclCommDestroy(c) != ncclSuccess) {
+        fprintf(stderr, "tutti-train: rank %d: ncclCommDestroy failed: %s\n", r,
+                ncclGetLastError(c));
+        rc = 1;
+      }
+    }
   }
   return rc;
 }
@@ -177,7 +194,13 @@ int main(int argc, char** argv) {
   }
   chooseOverlap(&o, launchedByLauncher() ? localRanks() : 1);
   trainer::TrainResult r = trainer::train(comm, o);
-  if (report(r)) {
+  int rank = 0;
+  std::vector<std::string> printed;
+  // An error every rank makes alike is printed by rank 0 alone, not once per process.
+  if (!r.ok && r.same_everywhere && ncclCommUserRank(comm, &rank) == ncclSuccess && rank != 0) {
+    printed.push_back(r.error);
+  }
+  if (report(r, &printed)) {
     ncclCommAbort(comm);
     return 1;
   }

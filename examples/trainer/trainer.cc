@@ -119,6 +119,7 @@ bool Run::setUp(const Dataset* data) {
   }
   // Checks that every rank makes alike need no agreement round: each one fails by itself.
   if (o_.batch % (nranks_ * o_.accum) != 0) {
+    res_.same_everywhere = true;
     return fail("--batch " + std::to_string(o_.batch) + " is not divisible by " +
                 std::to_string(nranks_) + " ranks x " + std::to_string(o_.accum) +
                 " accumulation steps");
@@ -420,17 +421,22 @@ TrainResult Run::go(const Dataset* data) {
     const std::vector<int> perm = epochPermutation(data_->train.count, o_.seed, epoch);
     const int64_t first = step_;
     const int64_t epoch_end = std::min(int64_t(epoch + 1) * steps_per_epoch_, total_steps_);
-    double loss = 0, t0 = now();
+    double loss = 0, t0 = now(), t_saving = 0;
     int64_t right = 0;
     while (step_ < epoch_end) {
       if (!step(perm, step_ - int64_t(epoch) * steps_per_epoch_, &loss, &right)) {
         return std::move(res_);
       }
       // (At the epoch's end the epoch's own save follows.)
-      if (o_.save_every > 0 && step_ % o_.save_every == 0 && step_ != epoch_end && !save())
-        return std::move(res_);
+      if (o_.save_every > 0 && step_ % o_.save_every == 0 && step_ != epoch_end) {
+        const double t_save = now();
+        if (!save()) return std::move(res_);
+        t_saving += now() - t_save;
+      }
     }
-    const double t_train = now() - t0;
+    // The epoch's time (and so samples/s and the communication share) is training's alone:
+    // checkpoints written within it are not counted, as the epoch-end one is not.
+    const double t_train = now() - t0 - t_saving;
     const int64_t seen = (step_ - first) * int64_t(micro_) * o_.accum;
     if (!finishEpoch(epoch, step_ - first, t_train, loss, right, seen) || !save()) {
       return std::move(res_);

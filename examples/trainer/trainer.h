@@ -52,6 +52,9 @@ struct EpochStats {
 struct TrainResult {
   bool ok = false;
   std::string error;  // what went wrong on this rank, when !ok
+  // The error is one every rank finds alike by itself (a batch the ranks do not divide): one
+  // report of it is enough.
+  bool same_everywhere = false;
   int64_t steps = 0;  // optimizer steps taken in all (including those before a resume)
   std::vector<float> params, momentum;
   std::vector<EpochStats> epochs;

@@ -3,6 +3,7 @@
 #include "examples/trainer/trainer.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cmath>
@@ -244,6 +245,7 @@ TEST(Trainer, BadSetupsFailOnEveryRankWithAMessage) {
     std::vector<TrainResult> rs = runRanks(3, o);  // 64 is not divisible by 3
     for (auto& r : rs) {
       EXPECT_FALSE(r.ok);
+      EXPECT_TRUE(r.same_everywhere);  // so tutti-train prints it once
       EXPECT_NE(r.error.find("--batch 64 is not divisible by 3 ranks x 1 accumulation"),
                 std::string::npos)
           << r.error;
@@ -460,6 +462,32 @@ TEST(Trainer, AnUnwritableCheckpointPathFailsAtSetUp) {
       << rs[0].error;
 }
 
+// A checkpoint named without a directory is written (and its directory, the working one,
+// synced) where the name says.
+TEST(Trainer, ACheckpointWithoutADirectoryIsWrittenInTheWorkingOne) {
+  char cwd[4096];
+  ASSERT_NE(getcwd(cwd, sizeof cwd), nullptr);
+  const std::string dir = ::testing::TempDir();
+  ASSERT_EQ(chdir(dir.c_str()), 0) << dir;
+  Checkpoint ck;
+  ck.dims = {4, 3};
+  ck.step = 7;
+  ck.global_batch = 8;
+  ck.train_samples = 16;
+  ck.params.assign(15, 0.5f);
+  ck.momentum.assign(15, 0.25f);
+  std::string err;
+  const bool saved = saveCheckpoint("tutti_ck_here.bin", ck, &err);
+  Checkpoint back;
+  const bool loaded = saved && loadCheckpoint(dir + "/tutti_ck_here.bin", &back, &err);
+  std::remove("tutti_ck_here.bin");
+  ASSERT_EQ(chdir(cwd), 0);
+  ASSERT_TRUE(saved) << err;
+  ASSERT_TRUE(loaded) << err;
+  EXPECT_EQ(back.step, 7);
+  EXPECT_EQ(back.params, ck.params);
+}
+
 // The README's main command in miniature: processes under tutti-run, the real binary, its output.
 // The GPU half (--device cuda), where this build has it and a GPU is present.
 #define SKIP_WITHOUT_TRAINER_GPU()                                                       \
@@ -571,6 +599,24 @@ TEST(TrainerProcesses, LearnsUnderTuttiRun) {
   EXPECT_LT(loss[1], loss[0]) << out;
   EXPECT_GT(acc[1], 70.0) << out;  // chance is 10%
   EXPECT_EQ(out.find("[rank 1] epoch"), std::string::npos) << "only rank 0 reports";
+}
+
+// An error every rank makes alike is printed once, not once per rank: by the one process of
+// --threads, and by rank 0 alone of tutti-run's processes.
+TEST(TrainerProcesses, AnErrorEveryRankMakesIsPrintedOnce) {
+  const std::string args = " --batch 64 --max-steps 1 --train-limit 256 --test-limit 64";
+  for (const std::string& cmd : {std::string(TUTTI_TRAIN_BIN) + " --threads 3" + args,
+                                 std::string(TUTTI_RUN_BIN) + " -n 3 " + TUTTI_TRAIN_BIN + args}) {
+    const tutti::test::RunResult r = tutti::test::runShell(cmd);
+    const std::string& out = r.output;
+    EXPECT_NE(r.exitCode, 0) << cmd << "\n" << out;
+    size_t count = 0;
+    for (size_t at = out.find("is not divisible by 3 ranks"); at != std::string::npos;
+         at = out.find("is not divisible by 3 ranks", at + 1)) {
+      ++count;
+    }
+    EXPECT_EQ(count, 1u) << cmd << "\n" << out;
+  }
 }
 
 // A rank that fails alone in mid-step (TUTTI_TRAINER_FAIL_AT; on the GPU, a CUDA error) must
