@@ -59,6 +59,7 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
   maxChannels_ = int(std::clamp<int64_t>(env::getInt("NCCL_MAX_NCHANNELS", dev::kMaxChannels), 1,
                                          std::min(cap, dev::kMaxChannels)));
   llMaxBytes_ = size_t(std::max<int64_t>(0, env::getInt("TUTTI_LL_MAX_BYTES", 64 << 10)));
+  gatherMaxBytes_ = size_t(std::max<int64_t>(0, env::getInt("TUTTI_LL_GATHER_MAX_BYTES", 4 << 10)));
   channelBytes_ =
       size_t(std::max<int64_t>(1, env::getInt("TUTTI_DEV_CHANNEL_BYTES", kDefaultChannelBytes)));
   timeoutS_ = env::getDouble("TUTTI_TIMEOUT", 1800);
@@ -234,8 +235,9 @@ Status DeviceEngine::init() {
   ready_ = true;
   TUTTI_INFO(log::kInit,
              "rank %d: CUDA engine on device %d, %d channels at most, LL up to %zu "
-             "bytes per channel, kernels for %s datatypes",
-             comm_.rank(), comm_.cudaDev(), maxChannels_, llMaxBytes_,
+             "bytes per channel (AllReduce by gathering up to %zu bytes), kernels for %s "
+             "datatypes",
+             comm_.rank(), comm_.cudaDev(), maxChannels_, llMaxBytes_, gatherMaxBytes_,
              dev::builtKernelTypes().c_str());
   return Status::Ok();
 }
@@ -401,6 +403,7 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   cfg.nranks = comm_.nranks();
   cfg.maxChannels = maxChannels_;
   cfg.llMaxBytes = llMaxBytes_;
+  cfg.gatherMaxBytes = gatherMaxBytes_;
   cfg.channelBytes = channelBytes_;
   cfg.proto = proto_;
   cfg.connectAllChannels = true;
@@ -449,11 +452,12 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
       const dev::DevOp& d = l.work.ops[j];
       TUTTI_INFO(log::kColl,
                  "%s: opCount %llx sendbuff %p recvbuff %p count %llu root %d comm %p "
-                 "[nranks=%d] nchannels %d proto %s (GPU %d)",
+                 "[nranks=%d] nchannels %d proto %s%s (GPU %d)",
                  collKindName(static_cast<CollKind>(d.kind)),
                  static_cast<unsigned long long>(d.seq), d.send, d.recv,
                  static_cast<unsigned long long>(d.count), d.root, static_cast<void*>(&comm_),
-                 comm_.nranks(), d.nch, l.proto == dev::kLL ? "LL" : "Simple", comm_.cudaDev());
+                 comm_.nranks(), d.nch, l.proto == dev::kLL ? "LL" : "Simple",
+                 d.algo == dev::kAlgoGather ? " algo gather" : "", comm_.cudaDev());
     }
   }
   return Status::Ok();
@@ -462,7 +466,12 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
 #else  // !TUTTI_HAVE_CUDA: no GPU buffers can reach here (validation finds none).
 
 DeviceEngine::DeviceEngine(Comm& comm)
-    : comm_(comm), maxChannels_(0), llMaxBytes_(0), channelBytes_(0), timeoutS_(0) {}
+    : comm_(comm),
+      maxChannels_(0),
+      llMaxBytes_(0),
+      gatherMaxBytes_(0),
+      channelBytes_(0),
+      timeoutS_(0) {}
 DeviceEngine::~DeviceEngine() = default;
 Status DeviceEngine::plan(const CollArgs*, size_t) { return Status::Ok(); }
 Status DeviceEngine::prepare(const CollArgs*, size_t) {

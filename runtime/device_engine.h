@@ -108,6 +108,7 @@ class DeviceEngine {
   uint32_t* errClaim_ = nullptr;  // device memory
   int maxChannels_;
   size_t llMaxBytes_;
+  size_t gatherMaxBytes_;  // TUTTI_LL_GATHER_MAX_BYTES (devplan::Config::gatherMaxBytes)
   size_t channelBytes_;
   double timeoutS_;
   int proto_ = -1;               // NCCL_PROTO: -1 automatic

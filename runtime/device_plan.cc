@@ -151,6 +151,12 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     memcpy(d.preScalar, op.red.scalar, sizeof(d.preScalar));
     d.preScalarPtr = op.red.scalarPtr;
     d.hasPost = op.red.post;
+    // A small AllReduce: every input round the ring once, then a reduction on each rank.
+    if (op.kind == CollKind::kAllReduce && sh.proto == dev::kLL && sh.nch == 1 && n >= 2 &&
+        n <= dev::kSteps + 1 && count <= slotUnits && count * unit <= cfg.gatherMaxBytes) {
+      d.algo = dev::kAlgoGather;
+      d.chunk = count;
+    }
     d.seq = nextSeq();
     const int dtype = bytes ? 1 /* ncclUint8 */ : op.dtype;
     const int fn = bytes ? int(dev::kFnSum) : op.red.fn;

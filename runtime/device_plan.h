@@ -20,7 +20,10 @@ struct Config {
   int rank = 0;
   int nranks = 1;
   int maxChannels = 4;
-  size_t llMaxBytes = 64 << 10;        // LL when a channel's share is at most this
+  size_t llMaxBytes = 64 << 10;  // LL when a channel's share is at most this
+  // An LL AllReduce of at most this many bytes that fits one LL step, on 2 to kSteps + 1
+  // ranks, runs as dev::kAlgoGather (0: never).
+  size_t gatherMaxBytes = 4 << 10;
   size_t channelBytes = 512 << 10;     // another channel per this many bytes
   int proto = -1;                      // NCCL_PROTO: dev::kSimple, dev::kLL, -1 automatic
   size_t oneRankChunkBytes = 4 << 20;  // a communicator of one rank: bytes per copy step

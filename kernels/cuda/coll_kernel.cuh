@@ -53,7 +53,11 @@ __device__ bool runCollective(const DevWork& w, const DevOp& op, int c, BlockSta
   const algo::RingArgs ra{w.rank, w.nranks, op.root, base, mine, op.stride, op.chunk};
   switch (op.kind) {
     case kAllReduce:
-      algo::ringAllReduce(p, ra);
+      if (op.algo == kAlgoGather) {
+        if constexpr (P::kIsLL) p.gatherAllReduce(base, int(mine), w.rank, w.nranks);
+      } else {
+        algo::ringAllReduce(p, ra);
+      }
       break;
     case kReduceScatter:
       algo::ringReduceScatter(p, ra);

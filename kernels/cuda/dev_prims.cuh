@@ -311,6 +311,7 @@ struct PrimsBase {
 
 template <typename T, int F>
 struct SimplePrims : PrimsBase<T, F> {
+  static constexpr bool kIsLL = false;
   using B = PrimsBase<T, F>;
   using B::ctx;
   using B::in;
@@ -455,6 +456,7 @@ __device__ __forceinline__ uint32_t llFlag(uint64_t step) {
 
 template <typename T, int F>
 struct LLPrims : PrimsBase<T, F> {
+  static constexpr bool kIsLL = true;
   using B = PrimsBase<T, F>;
   using B::ctx;
   using B::in;
@@ -533,6 +535,99 @@ struct LLPrims : PrimsBase<T, F> {
     blockApply<kOpPrePost>(red, out + outOff, (T*)nullptr, in + inOff, (const T*)nullptr,
                            size_t(n));
     __syncthreads();
+  }
+
+  // dev::kAlgoGather (dev_work.h): an AllReduce of the n elements at off, which fit one LL
+  // step. Steps 0 .. nranks-2 send pre(input), then each value the step before brought in;
+  // received slot j (from recvStep_ on) ends holding rank (rank - 1 - j)'s pre(input). The
+  // slots are read again, in rank order, for the reduction, and only then cleared and freed
+  // (head moves nranks - 1 steps at once). Each thread owns whole lines throughout.
+  __device__ void gatherAllReduce(size_t off, int n, int rank, int nranks) {
+    if (B::failed()) return;
+    const size_t bytes = size_t(n) * sizeof(T);
+    const int lines = int((bytes + 7) / 8);
+    const char* inp = reinterpret_cast<const char*>(in + off);
+    char* outp = reinterpret_cast<char*>(out + off);
+    const uint64_t first = B::recvStep_;
+    for (int k = 0; k + 1 < nranks; ++k) {
+      if (!B::waitSendSlot()) return;
+      char* sline = B::sendSlot(true);
+      const uint32_t sflag = llFlag(B::sendStep_);
+      bool stop = false;
+      for (int i = threadIdx.x; i < lines; i += blockDim.x) {
+        uint64_t v;
+        if (k == 0) {
+          const uint64_t mine = load8(inp + size_t(i) * 8, validAt(bytes, i));
+          v = computePack<kOpPre>(red, mine, mine);
+        } else if (!waitLine(slotAt(first, k - 1) + size_t(i) * 16, llFlag(first + k - 1), &v)) {
+          stop = true;
+          break;
+        }
+        storeLine(sline + size_t(i) * 16, v, sflag);
+      }
+      if (!B::vote(stop)) return;
+      B::advanceSend();  // bookkeeping only: receivers poll the lines
+    }
+    using E = Elem<T>;
+    using Acc = typename Red<T, F>::Acc;
+    constexpr int kPer = 8 / sizeof(T);
+    union Line {
+      uint64_t w;
+      T e[kPer];
+    };
+    bool stop = false;
+    for (int i = threadIdx.x; i < lines && !stop; i += blockDim.x) {
+      const int valid = validAt(bytes, i);
+      Acc acc[kPer] = {};
+      for (int q = 0; q < nranks; ++q) {
+        Line u;
+        if (q == rank) {
+          const uint64_t mine = load8(inp + size_t(i) * 8, valid);
+          u.w = computePack<kOpPre>(red, mine, mine);  // the bits this rank sent
+        } else {
+          const int j = (rank - 1 - q + nranks) % nranks;
+          char* line = slotAt(first, j) + size_t(i) * 16;
+          if (!waitLine(line, llFlag(first + uint64_t(j)), &u.w)) {
+            stop = true;
+            break;
+          }
+          storeLine(line, 0, 0);  // as step() does: no stale flag left behind
+        }
+        TUTTI_UNROLL
+        for (int e = 0; e < kPer; ++e)
+          acc[e] = q == 0 ? E::load(u.e[e]) : Red<T, F>::combine(acc[e], E::load(u.e[e]));
+      }
+      if (stop) break;
+      Line o;
+      TUTTI_UNROLL
+      for (int e = 0; e < kPer; ++e) o.e[e] = E::store(red.post(acc[e]));
+      store8(outp + size_t(i) * 8, o.w, valid);
+    }
+    if (!B::vote(stop)) return;
+    if (B::releaser()) stRelease(rc->head, first + uint64_t(nranks - 1), rc->gpuScope);
+    B::recvStep_ = first + uint64_t(nranks - 1);
+  }
+
+ private:
+  __device__ static int validAt(size_t bytes, int line) {
+    return int(bytes - size_t(line) * 8 < 8 ? bytes - size_t(line) * 8 : 8);
+  }
+  // Received LL slot j of this operation, whose first is `first`.
+  __device__ char* slotAt(uint64_t first, int j) const {
+    return rc->ll + ((first + uint64_t(j)) % kSteps) * rc->llSlotBytes;
+  }
+  // Waits for a received line to carry flag; false when the wait must end (B::ctx says why).
+  __device__ bool waitLine(const char* line, uint32_t flag, uint64_t* v) const {
+    uint64_t since = 0;
+    int spins = 0;
+    while (!loadLine(line, flag, v)) {
+      spinPause();
+      if (++spins == kSpinsPerCheck) {
+        spins = 0;
+        if (ctx.mustStop(rc, &since)) return false;
+      }
+    }
+    return true;
   }
 };
 

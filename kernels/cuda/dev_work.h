@@ -21,6 +21,13 @@ constexpr uint64_t kLastSlot = 1ull << 62;
 
 enum Proto : int32_t { kSimple = 0, kLL = 1 };
 
+// How an AllReduce runs. kAlgoGather, for a message that fits one LL step: every rank's input
+// goes round the ring (nranks - 1 steps, where the ring's reduce-scatter and all-gather take
+// twice that) and each rank reduces the nranks values itself, in rank order, so that every
+// rank computes the same expression and holds the same bits. The received lines stay in their
+// slots until then: at most kSteps of them, so nranks <= kSteps + 1.
+enum Algo : int32_t { kAlgoRing = 0, kAlgoGather = 1 };
+
 // Same numbering as tutti::CollKind (runtime/coll_args.h).
 enum Kind : int32_t {
   kAllReduce = 0,
@@ -73,10 +80,10 @@ struct DevOp {
   int32_t nch = 1;      // blocks (channels) of a collective
   int32_t block = 0;    // send / recv: the block that runs it
   int32_t proto = kSimple;
-  int32_t hasPre = 0;   // PreMulSum: multiply the input by the scalar
-  int32_t hasPost = 0;  // Avg: divide the result by nranks
-  int32_t pad = 0;
-  uint8_t preScalar[8] = {};           // host-immediate scalar, one element of the dtype
+  int32_t hasPre = 0;         // PreMulSum: multiply the input by the scalar
+  int32_t hasPost = 0;        // Avg: divide the result by nranks
+  int32_t algo = 0;           // AllReduce: kAlgoRing, or kAlgoGather (LL, one channel, one step)
+  uint8_t preScalar[8] = {};  // host-immediate scalar, one element of the dtype
   const void* preScalarPtr = nullptr;  // ncclScalarDevice: read when the kernel runs
   uint64_t seq = 0;                    // the communicator's op count, for error reports
   DevConn conn;                        // send / recv: the link to the peer

@@ -201,21 +201,24 @@ std::vector<CollArgs> opsFor(const Case& c, int r, int n, const void* send, void
 
 struct EmuSetup {
   int nranks;
-  int proto;  // -1: by size (LL up to 1 KiB per channel)
+  int proto;           // -1: by size (LL up to 1 KiB per channel)
+  bool gather = true;  // small LL all-reduces by dev::kAlgoGather (false: the ring's)
 };
 
 void PrintTo(const EmuSetup& s, std::ostream* os) {
   *os << s.nranks << " ranks, protocol "
       << (s.proto < 0           ? "by size"
           : s.proto == dev::kLL ? "LL"
-                                : "Simple");
+                                : "Simple")
+      << (s.gather ? "" : ", no gather");
 }
 
 std::string emuName(const ::testing::TestParamInfo<EmuSetup>& info) {
   return std::to_string(info.param.nranks) + "ranks_" +
          (info.param.proto < 0           ? "auto"
           : info.param.proto == dev::kLL ? "LL"
-                                         : "Simple");
+                                         : "Simple") +
+         (info.param.gather ? "" : "_ring");
 }
 
 class EmuMatrix : public ::testing::TestWithParam<EmuSetup> {};
@@ -223,6 +226,7 @@ class EmuMatrix : public ::testing::TestWithParam<EmuSetup> {};
 TEST_P(EmuMatrix, DeviceKernelsOnTheCpuMatchTheOracle) {
   const EmuSetup s = GetParam();
   EmuComm comm(s.nranks, s.proto);
+  if (!s.gather) comm.cfg.gatherMaxBytes = 0;
   const std::vector<Case> cases = matrixCases(s.nranks, kSlotBytes * transport::kSlots);
   std::mutex mu;
   std::vector<std::string> failures;
@@ -247,10 +251,86 @@ TEST_P(EmuMatrix, DeviceKernelsOnTheCpuMatchTheOracle) {
 INSTANTIATE_TEST_SUITE_P(Threads, EmuMatrix,
                          ::testing::Values(EmuSetup{1, -1}, EmuSetup{2, -1}, EmuSetup{2, dev::kLL},
                                            EmuSetup{3, dev::kSimple}, EmuSetup{4, -1},
-                                           EmuSetup{5, dev::kLL}, EmuSetup{8, -1}),
+                                           EmuSetup{4, dev::kLL, false}, EmuSetup{5, dev::kLL},
+                                           EmuSetup{8, -1}),
                          emuName);
 
 std::vector<float> filled(size_t n, float v) { return std::vector<float>(n, v); }
+
+// Which all-reduces the planner gives to dev::kAlgoGather: LL ones of one channel that fit one
+// LL step, on 2 to kSteps + 1 ranks (the received slots are all held until the reduction), up
+// to gatherMaxBytes; never another collective.
+TEST(EmuPlan, SmallLLAllReducesGatherOnTwoToNineRanks) {
+  auto algoOf = [](int n, int proto, CollKind kind, size_t count, size_t gatherMax) {
+    EmuComm comm(n, proto);
+    comm.cfg.gatherMaxBytes = gatherMax;
+    devplan::Config c = comm.cfg;
+    std::vector<float> x(count * size_t(n) + 1);
+    const CollArgs op = args(kind, x.data(), x.data(), count, ncclFloat, 0);
+    auto link = [&](int peer, int ch, bool send) -> const transport::FifoView* {
+      return send ? &comm.fifo(0, peer, ch).send : &comm.fifo(peer, 0, ch).recv;
+    };
+    devplan::Plan plan;
+    uint64_t seq = 0;
+    EXPECT_TRUE(devplan::plan(
+                    c, &op, 1, link, [&] { return seq++; }, &plan)
+                    .ok());
+    return plan.launches.empty() ? -1 : plan.launches[0].work.ops[0].algo;
+  };
+  const size_t most = kLlSlotBytes / 2 / sizeof(float);  // one LL step of floats
+  for (int n : {2, 4, 9}) {
+    EXPECT_EQ(algoOf(n, -1, CollKind::kAllReduce, 2, 4096), dev::kAlgoGather) << n;
+    EXPECT_EQ(algoOf(n, dev::kLL, CollKind::kAllReduce, most, 4096), dev::kAlgoGather) << n;
+  }
+  EXPECT_EQ(algoOf(10, dev::kLL, CollKind::kAllReduce, 2, 4096), dev::kAlgoRing);
+  EXPECT_EQ(algoOf(4, dev::kLL, CollKind::kAllReduce, most + 1, 4096), dev::kAlgoRing);
+  EXPECT_EQ(algoOf(4, dev::kSimple, CollKind::kAllReduce, 2, 4096), dev::kAlgoRing);
+  EXPECT_EQ(algoOf(4, dev::kLL, CollKind::kAllReduce, 64, 255), dev::kAlgoRing);  // 256 bytes
+  EXPECT_EQ(algoOf(4, dev::kLL, CollKind::kAllReduce, 64, 256), dev::kAlgoGather);
+  EXPECT_EQ(algoOf(4, dev::kLL, CollKind::kReduceScatter, 2, 4096), dev::kAlgoRing);
+  EXPECT_EQ(algoOf(4, dev::kLL, CollKind::kReduce, 2, 4096), dev::kAlgoRing);
+}
+
+// The gathered all-reduce: on values whose sum rounds, every rank still ends with the same
+// bits (each reduces the nranks values in rank order), within a rounding of the exact sum;
+// back to back, so that the slots it holds and frees at once wrap round the FIFO many times,
+// between ring all-reduces on the same links. 9 ranks: kSteps received slots held at once.
+TEST(EmuReductions, AGatheredAllReduceGivesEveryRankTheSameBits) {
+  for (int n : {3, 9}) {
+    EmuComm comm(n, dev::kLL);
+    constexpr size_t kCount = 100;  // 400 bytes: one LL step here
+    std::vector<std::vector<float>> results(static_cast<size_t>(n));
+    std::mutex mu;
+    std::vector<std::string> bad;
+    onThreads(n, [&](int r) {
+      for (int round = 0; round < 12 && bad.empty(); ++round) {
+        // Odd rounds: 600 floats, two LL steps, the ring between gathers.
+        const size_t count = round % 2 ? 600 : kCount;
+        std::vector<float> x(count);
+        for (size_t i = 0; i < count; ++i) x[i] = 1.0f / float(3 + 7 * r + int(i % 13) + round);
+        std::vector<float> y(count, -1.0f);
+        std::string e =
+            comm.run(r, {args(CollKind::kAllReduce, x.data(), y.data(), count, ncclFloat, 0)});
+        for (size_t i = 0; i < count && e.empty(); ++i) {
+          double exact = 0;
+          for (int q = 0; q < n; ++q) exact += 1.0 / double(3 + 7 * q + int(i % 13) + round);
+          if (std::fabs(y[i] - exact) > 1e-6 * exact)
+            e = "element " + std::to_string(i) + " = " + std::to_string(y[i]) + ", exact " +
+                std::to_string(exact);
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        if (!e.empty())
+          bad.push_back("rank " + std::to_string(r) + " round " + std::to_string(round) + ": " + e);
+        if (round == 10) results[size_t(r)] = y;
+      }
+    });
+    for (const std::string& b : bad) ADD_FAILURE() << n << " ranks: " << b;
+    for (int r = 1; r < n; ++r) {
+      EXPECT_EQ(memcmp(results[size_t(r)].data(), results[0].data(), kCount * sizeof(float)), 0)
+          << n << " ranks: rank " << r << " holds other bits than rank 0";
+    }
+  }
+}
 
 // A receiver that expects another message than the sender sends fails with the sizes, on
 // the first differing step and on a missing last step, instead of taking the wrong bytes.
