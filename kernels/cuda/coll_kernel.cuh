@@ -53,11 +53,14 @@ __device__ bool runCollective(const DevWork& w, const DevOp& op, int c, BlockSta
   const algo::RingArgs ra{w.rank, w.nranks, op.root, base, mine, op.stride, op.chunk};
   switch (op.kind) {
     case kAllReduce:
-      if (op.algo == kAlgoGather) {
-        if constexpr (P::kIsLL) p.gatherAllReduce(base, int(mine), w.rank, w.nranks);
-      } else {
-        algo::ringAllReduce(p, ra);
+      // The planner gives kAlgoGather to LL launches alone.
+      if constexpr (P::kIsLL) {
+        if (op.algo == kAlgoGather) {
+          p.gatherAllReduce(base, int(mine), w.rank, w.nranks);
+          break;
+        }
       }
+      algo::ringAllReduce(p, ra);
       break;
     case kReduceScatter:
       algo::ringReduceScatter(p, ra);
