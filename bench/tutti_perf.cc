@@ -5,8 +5,9 @@
 // Ranks are threads of one process (-t N), or one per process under tutti-run, torchrun,
 // mpirun or srun. Host buffers (--mem host) or GPU buffers (--mem device: rank r on device
 // r % device count, so -t 4 on one GPU runs 4 ranks there; each rank has a stream of its own).
-// Only the NCCL API and the CUDA runtime are used, so the same binary runs on NVIDIA's NCCL
-// (LD_LIBRARY_PATH or LD_PRELOAD its libnccl.so.2) for comparison.
+// With -t, only the NCCL API and the CUDA runtime are used, so the same binary runs on NVIDIA's
+// NCCL (LD_LIBRARY_PATH or LD_PRELOAD its libnccl.so.2) for comparison; under a launcher it
+// joins through tuttiCommInitFromEnv, which NVIDIA's library does not have.
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,8 +34,41 @@ namespace {
 
 using namespace tutti::perf;
 
-// Values in {0, 1, 2}: every sum, product and extreme of a few ranks is exact in every type.
-double inputValue(int rank, size_t i) { return double((size_t(rank) * 3 + i) % 3); }
+// What each rank's input holds (element i of rank r), so that a result made without the other
+// ranks, from the wrong rank or at the wrong place differs from the expected one:
+//  - reductions: (r + i) % 3, in {0, 1, 2}: every sum, product and extreme of a few ranks is
+//    exact in every type;
+//  - collectives that only move data: (31 r + i) modulo the count of integers the type holds
+//    exactly from 0 on (9 for fp8 e5m2 ... 2^20 + 1), to which 31 is prime: distinct on every
+//    rank for a given element, up to that many ranks.
+struct InputValues {
+  bool moved = false;
+  size_t modulus = 3;
+};
+InputValues gInputs;
+
+size_t exactIntegers(int dtype) {
+  switch (dtype) {
+    case ncclInt8:
+    case ncclUint8:
+      return 128;
+    case ncclFloat16:
+      return 2049;
+    case ncclBfloat16:
+      return 257;
+    case ncclFloat8e4m3:
+      return 17;
+    case ncclFloat8e5m2:
+      return 9;
+    default:
+      return (size_t(1) << 20) + 1;
+  }
+}
+
+double inputValue(int rank, size_t i) {
+  if (gInputs.moved) return double((size_t(rank) * 31 + i) % gInputs.modulus);
+  return double((size_t(rank) + i) % 3);
+}
 
 void store(int t, double v, void* dst) {
   using namespace tutti::cpu;
@@ -154,10 +188,10 @@ double load(int t, const void* src) {
   }
 }
 
-double reduced(int op, int dtype, int nranks, size_t i, int rankOffset) {
-  double acc = inputValue(0, i + size_t(rankOffset));
+double reduced(int op, int dtype, int nranks, size_t i, size_t rankOffset) {
+  double acc = inputValue(0, i + rankOffset);
   for (int r = 1; r < nranks; ++r) {
-    double v = inputValue(r, i + size_t(rankOffset));
+    double v = inputValue(r, i + rankOffset);
     if (op == ncclSum || op == ncclAvg) acc += v;
     if (op == ncclProd) acc *= v;
     if (op == ncclMax) acc = std::max(acc, v);
@@ -245,6 +279,35 @@ class DeviceMem {
 #endif
 };
 
+#ifdef TUTTI_HAVE_CUDA
+// The calls `body` makes on `stream`, captured once into a graph (thread-local capture mode: the
+// other ranks' threads go on with their own calls), to launch as often as wanted.
+class CapturedGraph {
+ public:
+  template <class Body>
+  CapturedGraph(cudaStream_t stream, const Body& body) {
+    DeviceMem::check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                     "cudaStreamBeginCapture");
+    body();
+    DeviceMem::check(cudaStreamEndCapture(stream, &graph_), "cudaStreamEndCapture");
+    DeviceMem::check(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate");
+  }
+  ~CapturedGraph() {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void launch(cudaStream_t stream) {
+    DeviceMem::check(cudaGraphLaunch(exec_, stream), "cudaGraphLaunch");
+  }
+
+ private:
+  cudaGraph_t graph_{};
+  cudaGraphExec_t exec_{};
+};
+#endif
+
 class Runner {
  public:
   Runner(const Options& o, const Rank& r, DeviceMem* dev) : o_(o), r_(r), dev_(dev) {}
@@ -284,40 +347,30 @@ class Runner {
       for (int a = 0; a < o_.agg; ++a) call(send, recv, count, op);
       return ncclGroupEnd();
     };
-    for (int w = 0; w < o_.warmup; ++w) once();
+    auto mustSucceed = [&](ncclResult_t res, const char* what) {
+      if (res == ncclSuccess) return;
+      fprintf(stderr, "tutti-perf: rank %d: %s%s: %s\n", r_.rank, what, ncclGetErrorString(res),
+              ncclGetLastError(r_.comm));
+      exit(1);
+    };
+    for (int w = 0; w < o_.warmup; ++w) mustSucceed(once(), "warm-up: ");
     sync();
     auto timed = [&] {
-      for (int it = 0; it < o_.iters; ++it) {
-        ncclResult_t res = once();
-        if (res != ncclSuccess) {
-          fprintf(stderr, "tutti-perf: rank %d: %s: %s\n", r_.rank, ncclGetErrorString(res),
-                  ncclGetLastError(r_.comm));
-          exit(1);
-        }
-      }
+      for (int it = 0; it < o_.iters; ++it) mustSucceed(once(), "");
     };
     double seconds;
 #ifdef TUTTI_HAVE_CUDA
     if (dev_ && o_.graphLaunches > 0) {
       // The iterations captured once, the graph launched graphLaunches times: launch costs
       // out of the picture, as nccl-tests -G does.
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      DeviceMem::check(cudaStreamBeginCapture(dev_->stream(), cudaStreamCaptureModeThreadLocal),
-                       "cudaStreamBeginCapture");
-      timed();
-      DeviceMem::check(cudaStreamEndCapture(dev_->stream(), &graph), "cudaStreamEndCapture");
-      DeviceMem::check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-      DeviceMem::check(cudaGraphLaunch(exec, dev_->stream()), "cudaGraphLaunch");  // warm-up
+      CapturedGraph g(dev_->stream(), timed);
+      g.launch(dev_->stream());  // warm-up
       dev_->sync();
       sync();
       double t0 = now();
-      for (int g = 0; g < o_.graphLaunches; ++g)
-        DeviceMem::check(cudaGraphLaunch(exec, dev_->stream()), "cudaGraphLaunch");
+      for (int k = 0; k < o_.graphLaunches; ++k) g.launch(dev_->stream());
       waitStream();
       seconds = (now() - t0) / o_.graphLaunches / o_.iters / o_.agg;
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
     } else
 #endif
     {
@@ -329,23 +382,35 @@ class Runner {
     long long wrong = 0;
     if (o_.check) {
       // Filled and checked on the host; on the GPU through copies of the same bytes.
+      // The output is poisoned first, then the input written: in place, the input is a part of
+      // the output (all-gather) or the output a part of the input (reduce-scatter), and what
+      // is left of the poison shows a block nobody wrote.
       char* hs = sendBuf_.data();
       char* hr = recvBuf_.data();
       if (inPlace && !dev_) hs = send;
+      const bool poison = !inPlace || c.coll == Coll::kAllGather;
+#ifdef TUTTI_HAVE_CUDA
+      if (dev_ && poison) dev_->fill(recv, 0xff, recvElems * es);
+#endif
+      if (!dev_ && poison) memset(recv, 0xff, recvElems * es);
       for (size_t j = 0; j < sendElems; ++j) store(o_.dtype, inputValue(r_.rank, j), hs + j * es);
 #ifdef TUTTI_HAVE_CUDA
-      if (dev_) {
-        dev_->toDevice(send, hs, sendElems * es);
-        if (!inPlace) dev_->fill(recv, 0xff, recvElems * es);
-      }
+      if (dev_) dev_->toDevice(send, hs, sendElems * es);
 #endif
-      if (!dev_ && !inPlace) memset(recv, 0xff, recvElems * es);
-      if (ncclResult_t res = call(send, recv, count, op); res != ncclSuccess) {
-        fprintf(stderr, "tutti-perf: rank %d: the checked call: %s: %s\n", r_.rank,
-                ncclGetErrorString(res), ncclGetLastError(r_.comm));
-        exit(1);
+#ifdef TUTTI_HAVE_CUDA
+      if (dev_ && o_.graphLaunches > 0) {
+        // Checked as it was timed: the call captured in a graph, and the graph launched.
+        CapturedGraph g(dev_->stream(), [&] {
+          mustSucceed(call(send, recv, count, op), "the checked call (captured): ");
+        });
+        g.launch(dev_->stream());
+        waitStream();
+      } else
+#endif
+      {
+        mustSucceed(call(send, recv, count, op), "the checked call: ");
+        waitStream();
       }
-      waitStream();
 #ifdef TUTTI_HAVE_CUDA
       if (dev_) dev_->toHost(hr, recv, recvElems * es);
 #endif
@@ -403,7 +468,7 @@ class Runner {
           expect(i, reduced(op, o_.dtype, n, i, 0));
           break;
         case Coll::kReduceScatter:
-          expect(i, reduced(op, o_.dtype, n, i, int(size_t(me) * count)));
+          expect(i, reduced(op, o_.dtype, n, i, size_t(me) * count));
           break;
         case Coll::kReduce:
           if (me == o_.root) expect(i, reduced(op, o_.dtype, n, i, 0));
@@ -483,8 +548,10 @@ int runRank(const Options& o, const Rank& r, DeviceMem* dev, bool printer, doubl
     for (int op : (c.reduces ? o.ops : std::vector<int>{-1})) {
       char line[512];
       int len =
-          snprintf(line, sizeof(line), "%12zu  %12zu  %8s  %6s  %6d", total * es, total,
-                   kTypeNames[o.dtype], op >= 0 ? kOpNames[op] : "none", c.rooted ? o.root : -1);
+          // count: elements per rank where each rank holds a block (as nccl-tests prints it).
+          snprintf(line, sizeof(line), "%12zu  %12zu  %8s  %6s  %6d", total * es,
+                   c.perRankBlocks ? count : total, kTypeNames[o.dtype],
+                   op >= 0 ? kOpNames[op] : "none", c.rooted ? o.root : -1);
       for (bool inPlace : {false, true}) {
         Result res = run.run(count, op, inPlace);
         double t = res.seconds;
@@ -550,6 +617,8 @@ void header(const Options& o, int nranks, const std::vector<Rank>& local) {
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
+  gInputs.moved = !o.coll->reduces;
+  gInputs.modulus = gInputs.moved ? exactIntegers(o.dtype) : 3;
   int devices = 0;
 #ifdef TUTTI_HAVE_CUDA
   if (o.deviceMem && cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
