@@ -52,6 +52,7 @@ int ranksPerDevice(const Comm& comm) {
 
 DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
   const int shared = ranksPerDevice(comm);
+  shared_ = shared;
   // Ranks sharing a GPU each hold their blocks for a whole kernel while they wait for the
   // others: keep the total within half of what one GPU runs at once (132 SMs on an H100,
   // one block of 512 threads each). Below that, more channels means more SMs moving bytes.
@@ -342,6 +343,31 @@ Status DeviceEngine::kernelError() const {
   }
 }
 
+Result<int> DeviceEngine::p2pBlockCap() {
+  if (const int c = p2pCap_.load(std::memory_order_acquire); c > 0) return c;
+  DeviceGuard guard(comm_.cudaDev());
+  int sms = 0;
+  TUTTI_TRY(
+      cudaCheck("cudaDeviceGetAttribute (multiprocessors)",
+                cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm_.cudaDev())));
+  int perSm = 0;
+  for (const void* k :
+       {dev::kernelFor(1 /* ncclUint8 */, dev::kFnSum, dev::kSimple), dev::p2pManyKernel()}) {
+    if (!k) continue;
+    int b = 0;
+    TUTTI_TRY(cudaCheck("cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+                        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, dev::kThreads, 0)));
+    perSm = perSm == 0 ? b : std::min(perSm, b);
+  }
+  const int cap = std::max(2, std::max(sms, 1) * std::max(perSm, 1) / shared_);
+  p2pCap_.store(cap, std::memory_order_release);
+  TUTTI_INFO(log::kInit,
+             "rank %d: sends and receives of one group take at most %d blocks (%d SMs x %d "
+             "blocks each, %d rank(s) on GPU %d)",
+             comm_.rank(), cap, sms, perSm, shared_, comm_.cudaDev());
+  return cap;
+}
+
 Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {
   std::lock_guard<std::mutex> lock(mu_);
   DeviceGuard guard(comm_.cudaDev());
@@ -404,6 +430,7 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   cfg.maxChannels = maxChannels_;
   cfg.llMaxBytes = llMaxBytes_;
   cfg.gatherMaxBytes = gatherMaxBytes_;
+  cfg.maxP2pBlocks = p2pCap_.load(std::memory_order_acquire);  // 0 until found: no cap
   cfg.channelBytes = channelBytes_;
   cfg.proto = proto_;
   cfg.connectAllChannels = true;
@@ -437,7 +464,7 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   TUTTI_TRY(devplan::plan(cfg, ops, nops, link, seq, &plan_));
   for (size_t i = before; i < plan_.launches.size(); ++i) {
     devplan::Launch& l = plan_.launches[i];
-    const void* k = dev::kernelFor(l.dtype, l.fn, l.proto);
+    const void* k = l.more.empty() ? dev::kernelFor(l.dtype, l.fn, l.proto) : dev::p2pManyKernel();
     if (!k) {
       return invalidUsage(
           "this tutti build has no device kernel for " + std::string(dtypeName(l.dtype)) +
@@ -448,8 +475,9 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
     l.work.err = errDev_;
     l.work.errClaim = errClaim_;
     l.work.timeoutNs = timeoutS_ > 0 ? uint64_t(timeoutS_ * 1e9) : 0;
-    for (int j = 0; j < l.work.nops; ++j) {
-      const dev::DevOp& d = l.work.ops[j];
+    for (size_t j = 0; j < size_t(l.work.nops) + l.more.size(); ++j) {
+      const dev::DevOp& d =
+          j < size_t(l.work.nops) ? l.work.ops[j] : l.more[j - size_t(l.work.nops)];
       TUTTI_INFO(log::kColl,
                  "%s: opCount %llx sendbuff %p recvbuff %p count %llu root %d comm %p "
                  "[nranks=%d] nchannels %d proto %s%s (GPU %d)",
@@ -464,6 +492,8 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
 }
 
 #else  // !TUTTI_HAVE_CUDA: no GPU buffers can reach here (validation finds none).
+
+Result<int> DeviceEngine::p2pBlockCap() { return dev::kMaxP2pOps; }
 
 DeviceEngine::DeviceEngine(Comm& comm)
     : comm_(comm),

@@ -1,8 +1,10 @@
 // The device engine's launch of a prepared group (runtime/device_engine.h): stream entries
 // shared by sibling ranks, the order of one communicator's launches across streams and CUDA
 // graph captures, the launch itself and the join back onto the caller's streams.
+#include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -322,6 +324,15 @@ Status DeviceEngine::launchAll() {
     TUTTI_TRY(copiesBefore(i));
     devplan::Launch& l = plan_.launches[i];
     void* args[] = {&l.work};
+    // Sends and receives past dev::kMaxOps: their kernel's parameter (copied at the launch).
+    std::unique_ptr<dev::DevP2pWork> many;
+    if (!l.more.empty()) {
+      many = std::make_unique<dev::DevP2pWork>();
+      many->base = l.work;
+      std::copy(l.more.begin(), l.more.end(), many->more);
+      many->nmore = int32_t(l.more.size());
+      args[0] = many.get();
+    }
     TUTTI_TRY(
         cudaCheck("cudaLaunchKernel", cudaLaunchKernel(kernels_[i], dim3(unsigned(l.blocks)),
                                                        dim3(dev::kThreads), args, 0, target)));

@@ -163,7 +163,7 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     std::vector<Launch>& ls = out->launches;
     if (ls.empty() || ls.back().dtype != dtype || ls.back().fn != fn ||
         ls.back().proto != sh.proto || ls.back().work.nops == dev::kMaxOps) {
-      ls.push_back(Launch{dtype, fn, sh.proto, 0, dev::DevWork{}});
+      ls.push_back(Launch{dtype, fn, sh.proto, 0, dev::DevWork{}, {}});
     }
     Launch& l = ls.back();
     l.work.ops[l.work.nops++] = d;
@@ -174,7 +174,7 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
   // Sends and receives: one launch, a block per (peer, direction) so that all progress at
   // once, and ops on one FIFO run in order on its block; sends to itself meet receives from
   // itself as copies.
-  Launch l{1, dev::kFnSum, dev::kSimple, 0, dev::DevWork{}};
+  Launch l{1, dev::kFnSum, dev::kSimple, 0, dev::DevWork{}, {}};
   std::vector<std::pair<int, int>> blocks;  // (peer, kind) per block
   std::vector<const CollArgs*> selfSends, selfRecvs;
   for (size_t i = 0; i < nops; ++i) {
@@ -184,9 +184,9 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
       (op.kind == CollKind::kSend ? selfSends : selfRecvs).push_back(&op);
       continue;
     }
-    if (l.work.nops == dev::kMaxOps) {
+    if (l.work.nops + int(l.more.size()) == dev::kMaxP2pOps) {
       return invalidUsage("rank " + std::to_string(r) + ": a group of more than " +
-                          std::to_string(dev::kMaxOps) +
+                          std::to_string(dev::kMaxP2pOps) +
                           " sends and receives on GPU buffers is not supported yet");
     }
     const std::pair<int, int> key{op.root, static_cast<int>(op.kind)};
@@ -204,7 +204,11 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     d.conn = devConn(f);
     d.chunk = f->slotBytes;
     d.seq = nextSeq();
-    l.work.ops[l.work.nops++] = d;
+    if (l.work.nops < dev::kMaxOps) {
+      l.work.ops[l.work.nops++] = d;
+    } else {
+      l.more.push_back(d);
+    }
   }
   if (selfSends.size() != selfRecvs.size()) {
     return invalidUsage("rank " + std::to_string(r) + ": " + std::to_string(selfSends.size()) +
@@ -219,6 +223,14 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
                           " bytes to itself where it receives " + std::to_string(d));
     }
     out->copies.push_back({selfSends[i]->send, selfRecvs[i]->recv, s, out->launches.size()});
+  }
+  if (cfg.maxP2pBlocks > 0 && int(blocks.size()) > cfg.maxP2pBlocks) {
+    return invalidUsage(
+        "rank " + std::to_string(r) +
+        ": this group's sends and receives on GPU "
+        "buffers need " +
+        std::to_string(blocks.size()) + " blocks (one per peer and direction), more than the " +
+        std::to_string(cfg.maxP2pBlocks) + " that may be resident for each rank sharing its GPU");
   }
   if (l.work.nops > 0) {
     l.blocks = int(blocks.size());

@@ -24,6 +24,9 @@ struct Config {
   // An LL AllReduce of at most this many bytes that fits one LL step, on 2 to kSteps + 1
   // ranks, runs as dev::kAlgoGather (0: never).
   size_t gatherMaxBytes = 4 << 10;
+  // Blocks a group's sends and receives to other ranks may take (one per peer and direction;
+  // DeviceEngine::p2pBlockCap); 0: no cap.
+  int maxP2pBlocks = 0;
   size_t channelBytes = 512 << 10;     // another channel per this many bytes
   int proto = -1;                      // NCCL_PROTO: dev::kSimple, dev::kLL, -1 automatic
   size_t oneRankChunkBytes = 4 << 20;  // a communicator of one rank: bytes per copy step
@@ -40,6 +43,9 @@ struct Launch {
   int proto = dev::kSimple;
   int blocks = 0;
   dev::DevWork work;
+  // Sends and receives past work's dev::kMaxOps (dev::DevP2pWork::more): non-empty only in a
+  // launch of sends and receives, which then runs dev::p2pManyKernel.
+  std::vector<dev::DevOp> more;
 };
 // A device-to-device copy: a rank's send to itself met by its receive from itself, or a
 // one-rank collective (its result is its input). Runs before launches[beforeLaunch] (after

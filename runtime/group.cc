@@ -185,21 +185,43 @@ Status checkCaptures(const Batch& b) {
   return Status::Ok();
 }
 
-// A kernel's work holds up to dev::kMaxOps sends and receives to other ranks (its blocks run
-// them all at once). More in one group is refused before anything runs, so the communicator
-// stays usable (the planner's own check comes after its links connect, and breaks it).
-Status checkSendRecvs(const Comm* comm, const CollArgs* ops, size_t n) {
+// A kernel's work holds up to dev::kMaxP2pOps sends and receives to other ranks (its blocks
+// run them all at once). More in one group is refused before anything runs, so the
+// communicator stays usable (the planner's own check comes after its links connect, and
+// breaks it).
+// Each (peer, direction) takes a block, and every rank sharing the GPU may run such a kernel at
+// once: more blocks than DeviceEngine::p2pBlockCap could leave the ranks' kernels waiting on
+// blocks that cannot become resident, so that is refused here too.
+Status checkSendRecvs(Comm* comm, const CollArgs* ops, size_t n) {
   size_t count = 0;
+  std::vector<std::pair<int, CollKind>> blocks;
   for (size_t i = 0; i < n; ++i) {
     const CollArgs& op = ops[i];
-    count += op.device && (op.kind == CollKind::kSend || op.kind == CollKind::kRecv) &&
-             op.root != comm->rank();
+    if (!op.device || (op.kind != CollKind::kSend && op.kind != CollKind::kRecv) ||
+        op.root == comm->rank())
+      continue;
+    ++count;
+    const std::pair<int, CollKind> key{op.root, op.kind};
+    if (std::find(blocks.begin(), blocks.end(), key) == blocks.end()) blocks.push_back(key);
   }
-  if (count <= static_cast<size_t>(dev::kMaxOps)) return Status::Ok();
-  return invalidUsage("rank " + std::to_string(comm->rank()) + ": " + std::to_string(count) +
-                      " sends and receives on GPU buffers to other ranks in one group (an "
-                      "ncclAlltoAll, ncclGather or ncclScatter counts one per rank): at most " +
-                      std::to_string(dev::kMaxOps) + " are supported yet; nothing ran");
+  const std::string who = "rank " + std::to_string(comm->rank()) + ": ";
+  if (count > static_cast<size_t>(dev::kMaxP2pOps)) {
+    return invalidUsage(who + std::to_string(count) +
+                        " sends and receives on GPU buffers to other ranks in one group (an "
+                        "ncclAlltoAll, ncclGather or ncclScatter counts one per rank): at most " +
+                        std::to_string(dev::kMaxP2pOps) + " are supported yet; nothing ran");
+  }
+  if (blocks.size() <= 2) return Status::Ok();  // every GPU holds two blocks per rank
+  Result<int> cap = comm->deviceEngine().p2pBlockCap();
+  if (!cap.ok()) return cap.status().withContext(who + "sizing a group of sends and receives");
+  if (blocks.size() <= static_cast<size_t>(cap.value())) return Status::Ok();
+  return invalidUsage(who + "this group's sends and receives on GPU buffers need " +
+                      std::to_string(blocks.size()) +
+                      " blocks (one per peer and direction), and the ranks that share this "
+                      "GPU may each have only " +
+                      std::to_string(cap.value()) +
+                      " resident at once (they wait for each other's): split it into smaller "
+                      "groups; nothing ran");
 }
 
 // Host buffers on a GPU rank: the CPU engine runs them as the group runs, after the work the

@@ -122,7 +122,27 @@ __global__ void __launch_bounds__(kThreads, 1) collKernel(const __grid_constant_
   }
 }
 
+// Sends and receives past kMaxOps (DevP2pWork): every operation in order, each on its block,
+// as collKernel runs them. A template only so that each translation unit may hold it.
+template <int kUnused = 0>
+__global__ void __launch_bounds__(kThreads, 1) p2pManyKernel(const __grid_constant__ DevP2pWork w) {
+  TUTTI_BLOCK_SHARED(BlockState, sh);
+  if (threadIdx.x == 0) sh.failed = 0;
+  __syncthreads();
+  const int n = w.base.nops + w.nmore;
+  for (int i = 0; i < n; ++i) {
+    const DevOp& op = i < w.base.nops ? w.base.ops[i] : w.more[i - w.base.nops];
+    bool failed = false;
+    if (op.block == int(blockIdx.x)) failed = runP2p<uint8_t, kFnSum>(w.base, op, &sh);
+    if (__syncthreads_or(failed ? 1 : 0)) return;
+  }
+}
+
 }  // namespace tutti::dev
+
+// The uint8 translation unit (always built) also holds p2pManyKernel.
+#define TUTTI_DEFINE_P2P_MANY_KERNEL(NAME) \
+  void* tuttiP2pManyKernel_##NAME() { return (void*)tutti::dev::p2pManyKernel<0>; }
 
 // One translation unit per element type (kernels_<name>.cu, generated): its eight kernels into
 // the table at [fn][proto].

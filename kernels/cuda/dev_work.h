@@ -125,6 +125,17 @@ struct DevWork {
 // Kernel parameters may be up to 32764 bytes on Volta and later with CUDA 12.1+.
 static_assert(sizeof(DevWork) < 32000, "DevWork must fit the kernel parameter space");
 
+// A group's sends and receives to other ranks beyond kMaxOps, up to kMaxP2pOps: base's ops
+// first, then `more`, run by a kernel of their own (p2pManyKernel), so that only groups that
+// need the room pay for the bigger parameter space.
+constexpr int kMaxP2pOps = 64;
+struct DevP2pWork {
+  DevWork base;
+  DevOp more[kMaxP2pOps - kMaxOps];
+  int32_t nmore = 0;
+};
+static_assert(sizeof(DevP2pWork) < 32000, "DevP2pWork must fit the kernel parameter space");
+
 // Kernels are chosen by (datatype, function, protocol); the collective is data.
 enum Fn : int32_t { kFnSum = 0, kFnProd, kFnMax, kFnMin, kNumFns };
 constexpr int kNumDtypes = 12;

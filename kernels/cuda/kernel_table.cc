@@ -6,6 +6,9 @@
 #define TUTTI_DECLARE(NAME, DTYPE) void tuttiRegisterKernels_##NAME(void** table);
 TUTTI_KERNEL_TYPES(TUTTI_DECLARE)
 #undef TUTTI_DECLARE
+#ifdef TUTTI_HAVE_P2P_MANY_KERNEL
+void* tuttiP2pManyKernel_uint8();
+#endif
 
 namespace tutti::dev {
 namespace {
@@ -38,8 +41,18 @@ const void* kernelFor(int dtype, int fn, int proto) {
   return table().k[dtype][fn * kNumProtos + proto];
 }
 
+const void* p2pManyKernel() {
+#ifdef TUTTI_HAVE_P2P_MANY_KERNEL
+  static const void* k = tuttiP2pManyKernel_uint8();
+  return k;
+#else
+  return nullptr;
+#endif
+}
+
 std::vector<const void*> allKernels() {
   std::vector<const void*> out;
+  if (const void* k = p2pManyKernel()) out.push_back(k);
   for (const auto& row : table().k)
     for (void* k : row)
       if (k) out.push_back(k);

@@ -2,17 +2,19 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 
 #include "kernels/cuda/coll_kernel.cuh"
 
-#define TUTTI_EMU_TYPES(X)                                                                     \
-  X(emu_int8, 0)                                                                               \
-  X(emu_uint8, 1) X(emu_int32, 2) X(emu_uint32, 3) X(emu_int64, 4) X(emu_uint64, 5)            \
-      X(emu_float16, 6) X(emu_float, 7) X(emu_double, 8) X(emu_bfloat16, 9) X(emu_fp8e4m3, 10) \
-          X(emu_fp8e5m2, 11)
+#define TUTTI_EMU_TYPES(X)                                                            \
+  X(emu_int8, 0)                                                                      \
+  X(emu_uint8, 1)                                                                     \
+  X(emu_int32, 2) X(emu_uint32, 3) X(emu_int64, 4) X(emu_uint64, 5) X(emu_float16, 6) \
+      X(emu_float, 7) X(emu_double, 8) X(emu_bfloat16, 9) X(emu_fp8e4m3, 10) X(emu_fp8e5m2, 11)
 #define TUTTI_DECLARE(NAME, DTYPE) void tuttiRegisterKernels_##NAME(void** table);
 TUTTI_EMU_TYPES(TUTTI_DECLARE)
 #undef TUTTI_DECLARE
+void* tuttiP2pManyKernel_emu_uint8();
 
 namespace {
 
@@ -38,4 +40,13 @@ void emuLaunch(int dtype, int fn, int proto, unsigned blocks, unsigned threads, 
   }
   const tutti::dev::DevWork w = *static_cast<const tutti::dev::DevWork*>(work);
   tutti::dev::emu::launch(blocks, threads, [&] { k(w); });
+}
+
+void emuLaunchP2pMany(unsigned blocks, unsigned threads, const void* work) {
+  using ManyKernel = void (*)(tutti::dev::DevP2pWork);
+  auto k = reinterpret_cast<ManyKernel>(tuttiP2pManyKernel_emu_uint8());
+  // Held by the heap, not the stack: 14 KB per launch beside the threads' own stacks.
+  auto w =
+      std::make_unique<tutti::dev::DevP2pWork>(*static_cast<const tutti::dev::DevP2pWork*>(work));
+  tutti::dev::emu::launch(blocks, threads, [&] { k(*w); });
 }

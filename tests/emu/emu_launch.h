@@ -3,3 +3,6 @@
 #pragma once
 
 void emuLaunch(int dtype, int fn, int proto, unsigned blocks, unsigned threads, const void* work);
+// The same for a launch of many sends and receives: dev::p2pManyKernel with `work` (a
+// dev::DevP2pWork).
+void emuLaunchP2pMany(unsigned blocks, unsigned threads, const void* work);

@@ -124,7 +124,15 @@ struct EmuComm {
       l.work.err = &st.err;
       l.work.errClaim = &st.claim;
       l.work.timeoutNs = timeoutNs;
-      emuLaunch(l.dtype, l.fn, l.proto, unsigned(l.blocks), kThreadsPerBlock, &l.work);
+      if (l.more.empty()) {
+        emuLaunch(l.dtype, l.fn, l.proto, unsigned(l.blocks), kThreadsPerBlock, &l.work);
+      } else {
+        auto many = std::make_unique<dev::DevP2pWork>();
+        many->base = l.work;
+        std::copy(l.more.begin(), l.more.end(), many->more);
+        many->nmore = int32_t(l.more.size());
+        emuLaunchP2pMany(unsigned(l.blocks), kThreadsPerBlock, many.get());
+      }
     }
     copiesBefore(plan.launches.size());
     const uint32_t code = __atomic_load_n(&st.err.code, __ATOMIC_ACQUIRE);
@@ -360,6 +368,94 @@ TEST(EmuReductions, AGatheredAllReduceSumsInRankOrderOnEveryRank) {
     });
     for (const std::string& b : bad) ADD_FAILURE() << n << " ranks: " << b;
   }
+}
+
+// A group's sends and receives past one kernel's kMaxOps go to p2pManyKernel, up to
+// kMaxP2pOps; more is refused by the planner, naming the limit. 2 ranks: rank 0 sends 36
+// messages of different sizes to rank 1 and receives 26 (their order kept per direction).
+TEST(EmuSteps, ManySendsAndReceivesInOneGroup) {
+  EmuComm comm(2);
+  constexpr int kSends = 36, kRecvs = 26;
+  auto count = [](int m) { return size_t(1 + 37 * m); };  // one LL-free Simple step or several
+  std::vector<std::vector<float>> out0(kRecvs), in1(kSends), out1(kSends), in0(kSends);
+  std::string e0, e1;
+  std::thread t([&] {
+    std::vector<CollArgs> ops;
+    for (int m = 0; m < kSends; ++m) {
+      in0[size_t(m)].assign(count(m), float(m));
+      ops.push_back(args(CollKind::kSend, in0[size_t(m)].data(), nullptr, count(m), ncclFloat, 1));
+    }
+    for (int m = 0; m < kRecvs; ++m) {
+      out0[size_t(m)].assign(count(m), -1.0f);
+      ops.push_back(args(CollKind::kRecv, nullptr, out0[size_t(m)].data(), count(m), ncclFloat, 1));
+    }
+    e0 = comm.run(0, ops);
+  });
+  std::vector<CollArgs> ops;
+  for (int m = 0; m < kRecvs; ++m) {  // sends of its own first: another order than rank 0's
+    in1[size_t(m)].assign(count(m), float(100 + m));
+    ops.push_back(args(CollKind::kSend, in1[size_t(m)].data(), nullptr, count(m), ncclFloat, 0));
+  }
+  for (int m = 0; m < kSends; ++m) {
+    out1[size_t(m)].assign(count(m), -1.0f);
+    ops.push_back(args(CollKind::kRecv, nullptr, out1[size_t(m)].data(), count(m), ncclFloat, 0));
+  }
+  e1 = comm.run(1, ops);
+  t.join();
+  ASSERT_EQ(e0, "");
+  ASSERT_EQ(e1, "");
+  for (int m = 0; m < kSends; ++m)
+    EXPECT_EQ(out1[size_t(m)], std::vector<float>(count(m), float(m))) << "message " << m;
+  for (int m = 0; m < kRecvs; ++m)
+    EXPECT_EQ(out0[size_t(m)], std::vector<float>(count(m), float(100 + m))) << "message " << m;
+
+  // Blocks past the cap for ranks that share a GPU (DeviceEngine::p2pBlockCap): refused.
+  comm.cfg.maxP2pBlocks = 1;  // rank 0's group takes two: sends to rank 1, receives from it
+  std::vector<float> y(4, 0.0f), z(4);
+  EXPECT_NE(comm.run(0, {args(CollKind::kSend, y.data(), nullptr, 4, ncclFloat, 1),
+                         args(CollKind::kRecv, nullptr, z.data(), 4, ncclFloat, 1)})
+                .find("need 2 blocks (one per peer and direction), more than the 1"),
+            std::string::npos);
+  comm.cfg.maxP2pBlocks = 0;
+
+  // 65 to other ranks: refused before any kernel runs.
+  std::vector<float> x(4);
+  std::vector<CollArgs> tooMany(65, args(CollKind::kSend, x.data(), nullptr, 4, ncclFloat, 1));
+  EXPECT_NE(comm.run(0, tooMany).find("more than 64 sends and receives"), std::string::npos);
+}
+
+// An all-to-all of 12 ranks, as ncclAlltoAll queues it: 22 sends and receives to other ranks
+// on each (past one kernel's kMaxOps), and a copy of its own block.
+TEST(EmuSteps, AnAllToAllOfTwelveRanks) {
+  constexpr int n = 12;
+  constexpr size_t kCount = 300;  // floats per block
+  EmuComm comm(n);
+  std::mutex mu;
+  std::vector<std::string> bad;
+  onThreads(n, [&](int r) {
+    std::vector<float> in(kCount * n), out(kCount * n, -1.0f);
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < kCount; ++i)
+        in[size_t(q) * kCount + i] = float(1000 * r + 10 * q) + float(i % 7);
+    std::vector<CollArgs> ops;
+    for (int q = 0; q < n; ++q) {
+      ops.push_back(
+          args(CollKind::kSend, in.data() + size_t(q) * kCount, nullptr, kCount, ncclFloat, q));
+      ops.push_back(
+          args(CollKind::kRecv, nullptr, out.data() + size_t(q) * kCount, kCount, ncclFloat, q));
+    }
+    std::string e = comm.run(r, ops);
+    for (int q = 0; q < n && e.empty(); ++q)
+      for (size_t i = 0; i < kCount && e.empty(); ++i)
+        if (out[size_t(q) * kCount + i] != float(1000 * q + 10 * r) + float(i % 7))
+          e = "block " + std::to_string(q) + " element " + std::to_string(i);
+    if (!e.empty()) {
+      std::lock_guard<std::mutex> lock(mu);
+      bad.push_back("rank " + std::to_string(r) + ": " + e);
+      for (auto& st : comm.ranks) __atomic_store_n(&st->abort, 1u, __ATOMIC_RELEASE);
+    }
+  });
+  for (const std::string& b : bad) ADD_FAILURE() << b;
 }
 
 // A receiver that expects another message than the sender sends fails with the sizes, on

@@ -5,5 +5,6 @@
 
 TUTTI_DEFINE_KERNELS(emu_int8, int8_t)
 TUTTI_DEFINE_KERNELS(emu_uint8, uint8_t)
+TUTTI_DEFINE_P2P_MANY_KERNEL(emu_uint8)
 TUTTI_DEFINE_KERNELS(emu_int32, int32_t)
 TUTTI_DEFINE_KERNELS(emu_uint32, uint32_t)

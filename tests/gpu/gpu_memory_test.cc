@@ -230,20 +230,41 @@ TEST(GpuValidation, PreMulSumScalarsWhereverTheReaderCanReachThem) {
   destroyAll(comms);
 }
 
-// One kernel carries at most 16 sends and receives to other ranks: more in one group is refused
-// at ncclGroupEnd before anything runs, and both ranks go on.
-TEST(GpuValidation, TooManySendsInOneGroupAreRefusedBeforeAnythingRuns) {
+// A group of more sends and receives than one kernel's work holds (dev::kMaxOps, 16) runs them
+// through p2pManyKernel: 32 messages each way between two ranks of one thread's group. More
+// than 64 to other ranks in one group is refused at ncclGroupEnd before anything runs, and
+// both ranks go on.
+TEST(GpuValidation, ManySendsInOneGroupRunAndTooManyAreRefused) {
   SKIP_WITHOUT_GPU();
   ScopedEnv timeout("TUTTI_TIMEOUT", "30");
   TwoRanks t;
-  RankBuffers b(2, 1024);
-  for (int r = 0; r < 2; ++r) b.fill(r, float(r + 1), t.streams[r]);
+  RankBuffers b(2, 1024), c(2, 1024);
+  for (int r = 0; r < 2; ++r) {
+    b.fill(r, float(r + 1), t.streams[r]);
+    c.fill(r, -1.0f, t.streams[r]);
+  }
+  constexpr size_t kPiece = 32;  // 32 messages of 32 floats: the whole buffer
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  for (int i = 0; i < 17; ++i) {
+  for (size_t m = 0; m < 1024 / kPiece; ++m) {
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(ncclSend(b.bufs[size_t(r)] + m * kPiece, kPiece, ncclFloat, 1 - r, t.comms[r],
+                         t.streams[r]),
+                ncclSuccess);
+      ASSERT_EQ(ncclRecv(c.bufs[size_t(r)] + m * kPiece, kPiece, ncclFloat, 1 - r, t.comms[r],
+                         t.streams[r]),
+                ncclSuccess);
+    }
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  EXPECT_EQ(c.check(0, 2.0f, t.streams[0]), "");
+  EXPECT_EQ(c.check(1, 1.0f, t.streams[1]), "");
+
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int i = 0; i < 65; ++i) {
     ASSERT_EQ(ncclSend(b.bufs[0], b.count, ncclFloat, 1, t.comms[0], t.streams[0]), ncclSuccess);
   }
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
-  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("at most 16"), std::string::npos)
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("at most 64"), std::string::npos)
       << ncclGetLastError(nullptr);
   ASSERT_EQ(t.allReduce(b), ncclSuccess) << ncclGetLastError(nullptr);
   for (int r = 0; r < 2; ++r) EXPECT_EQ(b.check(r, 3.0f, t.streams[r]), "");
