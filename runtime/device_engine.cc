@@ -345,7 +345,13 @@ Status DeviceEngine::kernelError() const {
 
 Result<int> DeviceEngine::p2pBlockCap() {
   if (const int c = p2pCap_.load(std::memory_order_acquire); c > 0) return c;
+  if (const int64_t forced = env::getInt("TUTTI_P2P_MAX_BLOCKS", 0); forced > 0) {
+    p2pCap_.store(int(std::min<int64_t>(forced, dev::kMaxP2pOps)), std::memory_order_release);
+    return p2pCap_.load(std::memory_order_acquire);
+  }
   DeviceGuard guard(comm_.cudaDev());
+  // May run before init(), in a stream capture: the occupancy query may load the module.
+  CaptureModeRelaxed relaxed;
   int sms = 0;
   TUTTI_TRY(
       cudaCheck("cudaDeviceGetAttribute (multiprocessors)",

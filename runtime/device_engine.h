@@ -67,11 +67,11 @@ class DeviceEngine {
 
   // Channels (blocks) per collective at most.
   int maxChannels() const { return maxChannels_; }
-  // Blocks one group's sends and receives to other ranks may take on this rank (one per peer
-  // and direction): the ranks sharing this GPU may each run such a kernel at once, and their
-  // blocks wait for each other, so all must be resident together. What the GPU holds at once
-  // (SMs x blocks per SM of the send/receive kernels), shared among them; found at the first
-  // call (CUDA queries), then kept.
+  // Blocks a group of more than dev::kMaxOps sends and receives to other ranks may take on this
+  // rank (one per peer and direction): the ranks sharing a GPU may each run such a kernel at
+  // once, and their blocks wait for each other, so all must be resident together. What the GPU
+  // holds at once (SMs x blocks per SM of the send/receive kernels), shared among them;
+  // TUTTI_P2P_MAX_BLOCKS overrides it. Found at the first call, then kept.
   Result<int> p2pBlockCap();
 
  private:
@@ -113,7 +113,7 @@ class DeviceEngine {
   dev::DevError* errDev_ = nullptr;
   uint32_t* errClaim_ = nullptr;  // device memory
   int maxChannels_;
-  int shared_ = 1;              // ranks of this communicator on this GPU (this one too)
+  int shared_ = 1;  // the most ranks of this communicator on any one GPU (alike on every rank)
   std::atomic<int> p2pCap_{0};  // p2pBlockCap(), once found
   size_t llMaxBytes_;
   size_t gatherMaxBytes_;  // TUTTI_LL_GATHER_MAX_BYTES (devplan::Config::gatherMaxBytes)

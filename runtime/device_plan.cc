@@ -224,7 +224,7 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     }
     out->copies.push_back({selfSends[i]->send, selfRecvs[i]->recv, s, out->launches.size()});
   }
-  if (cfg.maxP2pBlocks > 0 && int(blocks.size()) > cfg.maxP2pBlocks) {
+  if (!l.more.empty() && cfg.maxP2pBlocks > 0 && int(blocks.size()) > cfg.maxP2pBlocks) {
     return invalidUsage(
         "rank " + std::to_string(r) +
         ": this group's sends and receives on GPU "

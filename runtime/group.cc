@@ -190,8 +190,10 @@ Status checkCaptures(const Batch& b) {
 // communicator stays usable (the planner's own check comes after its links connect, and
 // breaks it).
 // Each (peer, direction) takes a block, and every rank sharing the GPU may run such a kernel at
-// once: more blocks than DeviceEngine::p2pBlockCap could leave the ranks' kernels waiting on
-// blocks that cannot become resident, so that is refused here too.
+// once: past kMaxOps operations (p2pManyKernel), more blocks than DeviceEngine::p2pBlockCap
+// could leave the ranks' kernels waiting on blocks that cannot become resident, so that is
+// refused here too. Like the count, it is this rank's own verdict: where the ranks' groups
+// differ (a gather's root), a peer that goes on waits for the refused rank until TUTTI_TIMEOUT.
 Status checkSendRecvs(Comm* comm, const CollArgs* ops, size_t n) {
   size_t count = 0;
   std::vector<std::pair<int, CollKind>> blocks;
@@ -211,7 +213,8 @@ Status checkSendRecvs(Comm* comm, const CollArgs* ops, size_t n) {
                         "ncclAlltoAll, ncclGather or ncclScatter counts one per rank): at most " +
                         std::to_string(dev::kMaxP2pOps) + " are supported yet; nothing ran");
   }
-  if (blocks.size() <= 2) return Status::Ok();  // every GPU holds two blocks per rank
+  // Up to one kernel's kMaxOps, as before the cap: groups that ran keep running.
+  if (count <= static_cast<size_t>(dev::kMaxOps)) return Status::Ok();
   Result<int> cap = comm->deviceEngine().p2pBlockCap();
   if (!cap.ok()) return cap.status().withContext(who + "sizing a group of sends and receives");
   if (blocks.size() <= static_cast<size_t>(cap.value())) return Status::Ok();

@@ -409,12 +409,13 @@ TEST(EmuSteps, ManySendsAndReceivesInOneGroup) {
   for (int m = 0; m < kRecvs; ++m)
     EXPECT_EQ(out0[size_t(m)], std::vector<float>(count(m), float(100 + m))) << "message " << m;
 
-  // Blocks past the cap for ranks that share a GPU (DeviceEngine::p2pBlockCap): refused.
-  comm.cfg.maxP2pBlocks = 1;  // rank 0's group takes two: sends to rank 1, receives from it
+  // Past kMaxOps, blocks beyond the cap for ranks that share a GPU (DeviceEngine::p2pBlockCap)
+  // are refused: 9 sends to rank 1 and 9 receives from it take two.
+  comm.cfg.maxP2pBlocks = 1;
   std::vector<float> y(4, 0.0f), z(4);
-  EXPECT_NE(comm.run(0, {args(CollKind::kSend, y.data(), nullptr, 4, ncclFloat, 1),
-                         args(CollKind::kRecv, nullptr, z.data(), 4, ncclFloat, 1)})
-                .find("need 2 blocks (one per peer and direction), more than the 1"),
+  std::vector<CollArgs> capped(9, args(CollKind::kSend, y.data(), nullptr, 4, ncclFloat, 1));
+  capped.insert(capped.end(), 9, args(CollKind::kRecv, nullptr, z.data(), 4, ncclFloat, 1));
+  EXPECT_NE(comm.run(0, capped).find("need 2 blocks (one per peer and direction), more than the 1"),
             std::string::npos);
   comm.cfg.maxP2pBlocks = 0;
 

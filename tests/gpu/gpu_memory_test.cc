@@ -270,6 +270,35 @@ TEST(GpuValidation, ManySendsInOneGroupRunAndTooManyAreRefused) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(b.check(r, 3.0f, t.streams[r]), "");
 }
 
+// Past 16 sends and receives, a group may take only the blocks that can be resident at once for
+// each rank sharing the GPU (DeviceEngine::p2pBlockCap; TUTTI_P2P_MAX_BLOCKS forces it here to
+// 1, where each rank needs 2): refused at ncclGroupEnd before anything runs, naming the
+// numbers, and the ranks go on.
+TEST(GpuValidation, ManySendsNeedingMoreResidentBlocksThanTheCapAreRefused) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  ScopedEnv cap("TUTTI_P2P_MAX_BLOCKS", "1");
+  TwoRanks t;
+  RankBuffers b(2, 1024), c(2, 1024);
+  for (int r = 0; r < 2; ++r) b.fill(r, float(r + 1), t.streams[r]);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (size_t m = 0; m < 32; ++m) {
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(
+          ncclSend(b.bufs[size_t(r)] + m * 32, 32, ncclFloat, 1 - r, t.comms[r], t.streams[r]),
+          ncclSuccess);
+      ASSERT_EQ(
+          ncclRecv(c.bufs[size_t(r)] + m * 32, 32, ncclFloat, 1 - r, t.comms[r], t.streams[r]),
+          ncclSuccess);
+    }
+  }
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("need 2 blocks"), std::string::npos)
+      << ncclGetLastError(nullptr);
+  ASSERT_EQ(t.allReduce(b), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(b.check(r, 3.0f, t.streams[r]), "");
+}
+
 // An error the application's own CUDA call left pending is still there after a collective
 // (tutti clears only the errors of its own calls). Two ranks: the engine's path (one rank's
 // collective is a plain copy).
