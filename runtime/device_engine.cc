@@ -35,7 +35,6 @@ namespace tutti {
 namespace {
 
 // Below this many bytes per channel another block costs more than it gains.
-constexpr size_t kDefaultChannelBytes = 512 << 10;
 // Every rank derives this from the shared peer table, so all agree on channel counts.
 int ranksPerDevice(const Comm& comm) {
   int most = 1;
@@ -57,12 +56,15 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
   // others: keep the total within half of what one GPU runs at once (132 SMs on an H100,
   // one block of 512 threads each). Below that, more channels means more SMs moving bytes.
   const int cap = std::max(1, 64 / shared);
-  maxChannels_ = int(std::clamp<int64_t>(env::getInt("NCCL_MAX_NCHANNELS", dev::kMaxChannels), 1,
-                                         std::min(cap, dev::kMaxChannels)));
-  llMaxBytes_ = size_t(std::max<int64_t>(0, env::getInt("TUTTI_LL_MAX_BYTES", 64 << 10)));
-  gatherMaxBytes_ = size_t(std::max<int64_t>(0, env::getInt("TUTTI_LL_GATHER_MAX_BYTES", 4 << 10)));
-  channelBytes_ =
-      size_t(std::max<int64_t>(1, env::getInt("TUTTI_DEV_CHANNEL_BYTES", kDefaultChannelBytes)));
+  // The planner's settings as this rank told the others at init (they must agree: prepare()
+  // refuses every operation where they do not).
+  const DeviceSettings& d = comm.peers()[size_t(comm.rank())].device;
+  settingsAgree_ = checkDeviceSettingsAgree(comm.peers().data(), comm.peers().size());
+  maxChannels_ = int(std::clamp<int64_t>(d.maxChannels, 1, std::min(cap, dev::kMaxChannels)));
+  llMaxBytes_ = size_t(d.llMaxBytes);
+  gatherMaxBytes_ = size_t(d.gatherMaxBytes);
+  channelBytes_ = size_t(d.channelBytes);
+  proto_ = int(d.proto);
   timeoutS_ = env::getDouble("TUTTI_TIMEOUT", 1800);
   graphMixing_ = env::getBool("NCCL_GRAPH_MIXING_SUPPORT", true);
   const PeerInfo& me = comm.peers()[size_t(comm.rank())];
@@ -72,12 +74,6 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
                          q.cudaDev >= 0;
     isSibling_.push_back(sibling);
     siblings_ += sibling;
-  }
-  if (auto p = env::getString("NCCL_PROTO")) {
-    std::string v = *p;
-    std::transform(v.begin(), v.end(), v.begin(), ::tolower);
-    if (v == "ll") proto_ = dev::kLL;
-    if (v == "simple") proto_ = dev::kSimple;
   }
 }
 
@@ -381,6 +377,10 @@ Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {
   // registration): calls a stream capture in the default (global) mode forbids. They touch
   // no captured stream, so they may run inside one.
   CaptureModeRelaxed relaxed;
+  if (!settingsAgree_.ok()) {
+    return settingsAgree_.withContext("rank " + std::to_string(comm_.rank()) +
+                                      ": refusing GPU operations");
+  }
   Status s = init();
   if (s.ok()) s = kernelError();
   if (s.ok()) s = plan(ops, nops);

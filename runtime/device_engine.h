@@ -113,6 +113,7 @@ class DeviceEngine {
   dev::DevError* errDev_ = nullptr;
   uint32_t* errClaim_ = nullptr;  // device memory
   int maxChannels_;
+  Status settingsAgree_;  // checkDeviceSettingsAgree over the peers: prepare() refuses if not
   int shared_ = 1;  // the most ranks of this communicator on any one GPU (alike on every rank)
   std::atomic<int> p2pCap_{0};  // p2pBlockCap(), once found
   size_t llMaxBytes_;

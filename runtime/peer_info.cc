@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "kernels/cuda/dev_work.h"
 #include "runtime/cuda_shim.h"
 #include "runtime/env.h"
 
@@ -96,6 +97,57 @@ int machineCpus(const PeerInfo* peers, size_t n, uint64_t machineHash) {
   return std::max(count, 1);
 }
 
+DeviceSettings deviceSettingsFromEnv() {
+  DeviceSettings d{};
+  d.proto = -1;
+  if (auto p = env::getString("NCCL_PROTO")) {
+    std::string v = *p;
+    std::transform(v.begin(), v.end(), v.begin(), ::tolower);
+    if (v == "ll") d.proto = dev::kLL;
+    if (v == "simple") d.proto = dev::kSimple;
+  }
+  d.maxChannels = env::getInt("NCCL_MAX_NCHANNELS", dev::kMaxChannels);
+  d.llMaxBytes = std::max<int64_t>(0, env::getInt("TUTTI_LL_MAX_BYTES", 64 << 10));
+  d.gatherMaxBytes = std::max<int64_t>(0, env::getInt("TUTTI_LL_GATHER_MAX_BYTES", 4 << 10));
+  d.channelBytes = std::max<int64_t>(1, env::getInt("TUTTI_DEV_CHANNEL_BYTES", 512 << 10));
+  return d;
+}
+
+Status checkDeviceSettingsAgree(const PeerInfo* peers, size_t n) {
+  struct Field {
+    const char* name;
+    int64_t DeviceSettings::*value;
+  };
+  static const Field kFields[] = {{"NCCL_PROTO", &DeviceSettings::proto},
+                                  {"NCCL_MAX_NCHANNELS", &DeviceSettings::maxChannels},
+                                  {"TUTTI_LL_MAX_BYTES", &DeviceSettings::llMaxBytes},
+                                  {"TUTTI_LL_GATHER_MAX_BYTES", &DeviceSettings::gatherMaxBytes},
+                                  {"TUTTI_DEV_CHANNEL_BYTES", &DeviceSettings::channelBytes}};
+  auto shown = [](const Field& f, int64_t v) {
+    if (f.value != &DeviceSettings::proto) return std::to_string(v);
+    return std::string(v == dev::kLL ? "LL" : v == dev::kSimple ? "Simple" : "unset (automatic)");
+  };
+  const PeerInfo* first = nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    const PeerInfo& p = peers[i];
+    if (p.cudaDev < 0) continue;
+    if (!first) {
+      first = &p;
+      continue;
+    }
+    for (const Field& f : kFields) {
+      if (p.device.*f.value == first->device.*f.value) continue;
+      return invalidUsage(std::string(f.name) + " differs between ranks: rank " +
+                          std::to_string(first->rank) + " reads " +
+                          shown(f, first->device.*f.value) + ", rank " + std::to_string(p.rank) +
+                          " " + shown(f, p.device.*f.value) +
+                          ". Each GPU rank plans its kernels from it, and plans that differ "
+                          "would not meet: set it alike on every rank");
+    }
+  }
+  return Status::Ok();
+}
+
 PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr) {
   PeerInfo p{};
   p.rank = rank;
@@ -119,6 +171,7 @@ PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr
   snprintf(p.busId, sizeof(p.busId), "%s", cuda::busId(cudaDev).c_str());
   snprintf(p.hostname, sizeof(p.hostname), "%s", localHostname().c_str());
   p.bootstrapAddr = wire::fromSockAddr(bootstrapAddr);
+  p.device = deviceSettingsFromEnv();
   return p;
 }
 

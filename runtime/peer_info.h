@@ -5,9 +5,23 @@
 #include <string>
 #include <type_traits>
 
+#include "runtime/status.h"
 #include "runtime/wire.h"
 
 namespace tutti {
+
+// The settings every GPU rank's planner (runtime/device_plan.h) must share: each rank plans its
+// kernels alone, so ranks that read different values would plan different steps (a wrong
+// result, or a hang). Read from the environment at init, exchanged in PeerInfo, compared
+// (checkDeviceSettingsAgree), and used from there by the CUDA engine.
+struct DeviceSettings {
+  int64_t proto;           // NCCL_PROTO: -1 automatic, dev::kSimple or dev::kLL
+  int64_t maxChannels;     // NCCL_MAX_NCHANNELS as given (the engine caps it)
+  int64_t llMaxBytes;      // TUTTI_LL_MAX_BYTES
+  int64_t gatherMaxBytes;  // TUTTI_LL_GATHER_MAX_BYTES
+  int64_t channelBytes;    // TUTTI_DEV_CHANNEL_BYTES
+};
+DeviceSettings deviceSettingsFromEnv();
 
 struct PeerInfo {
   int32_t rank;
@@ -25,8 +39,12 @@ struct PeerInfo {
   // The CPUs this process may run on (affinity), CPU c at bit c % 64 of word c / 64; CPUs from
   // 1024 up are only counted in `cpus`.
   uint64_t cpuMask[16];
+  DeviceSettings device;
 };
 static_assert(std::is_trivially_copyable_v<PeerInfo>);
+
+// Ok, or which setting differs between which two GPU ranks (CPU ranks plan no kernels).
+Status checkDeviceSettingsAgree(const PeerInfo* peers, size_t n);
 
 // Hash of host name, boot id and network namespace, or of NCCL_HOSTID when set. Ranks in
 // different network namespaces count as different hosts: that is how tests stand in for a

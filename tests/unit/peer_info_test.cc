@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 using tutti::PeerInfo;
@@ -46,4 +48,45 @@ TEST(PeerInfo, LocalInfoCarriesThisProcesssAffinity) {
   EXPECT_EQ(me.cpus, CPU_COUNT(&set));
   std::vector<PeerInfo> alone = {me};
   EXPECT_EQ(tutti::machineCpus(alone.data(), 1, me.machineHash), CPU_COUNT(&set));
+}
+
+// The GPU planner's settings come from the environment, travel in PeerInfo, and must agree on
+// every GPU rank: a difference is named (which variable, which ranks, their values); CPU
+// ranks are left out (they plan no kernels).
+TEST(PeerInfo, GpuRanksMustAgreeOnThePlannersSettings) {
+  setenv("NCCL_PROTO", "ll", 1);
+  setenv("TUTTI_LL_GATHER_MAX_BYTES", "0", 1);
+  const tutti::DeviceSettings d = tutti::deviceSettingsFromEnv();
+  unsetenv("NCCL_PROTO");
+  unsetenv("TUTTI_LL_GATHER_MAX_BYTES");
+  EXPECT_EQ(d.proto, 1);  // dev::kLL
+  EXPECT_EQ(d.gatherMaxBytes, 0);
+  EXPECT_EQ(d.llMaxBytes, 64 << 10);
+  const tutti::DeviceSettings fresh = tutti::deviceSettingsFromEnv();
+  EXPECT_EQ(fresh.proto, -1);
+  EXPECT_EQ(fresh.gatherMaxBytes, 4 << 10);
+
+  std::vector<PeerInfo> peers(4);
+  for (int r = 0; r < 4; ++r) {
+    peers[size_t(r)].rank = r;
+    peers[size_t(r)].cudaDev = 0;
+    peers[size_t(r)].device = fresh;
+  }
+  EXPECT_TRUE(tutti::checkDeviceSettingsAgree(peers.data(), peers.size()).ok());
+  peers[2].device.proto = 1;
+  tutti::Status s = tutti::checkDeviceSettingsAgree(peers.data(), peers.size());
+  EXPECT_EQ(s.code(), tutti::Code::kInvalidUsage);
+  EXPECT_NE(s.message().find("NCCL_PROTO differs between ranks: rank 0 reads unset (automatic), "
+                             "rank 2 LL"),
+            std::string::npos)
+      << s.message();
+  peers[2].device = fresh;
+  peers[3].device.channelBytes = 1 << 20;
+  s = tutti::checkDeviceSettingsAgree(peers.data(), peers.size());
+  EXPECT_NE(s.message().find("TUTTI_DEV_CHANNEL_BYTES differs between ranks: rank 0 reads 524288, "
+                             "rank 3 1048576"),
+            std::string::npos)
+      << s.message();
+  peers[3].cudaDev = -1;  // a CPU rank: its settings do not matter
+  EXPECT_TRUE(tutti::checkDeviceSettingsAgree(peers.data(), peers.size()).ok());
 }
