@@ -36,8 +36,8 @@ using namespace tutti::perf;
 
 // What each rank's input holds (element i of rank r), so that a result made without the other
 // ranks, from the wrong rank or at the wrong place differs from the expected one:
-//  - reductions: (r + i) % 3, in {0, 1, 2}: every sum, product and extreme of a few ranks is
-//    exact in every type;
+//  - reductions: (r + i) % 3, in {0, 1, 2}: every sum and extreme of a few ranks is exact in
+//    every type (products: inputValue);
 //  - collectives that only move data: (31 r + i) modulo the count of integers the type holds
 //    exactly from 0 on (9 for fp8 e5m2 ... 2^20 + 1), to which 31 is prime: distinct on every
 //    rank for a given element, up to that many ranks.
@@ -65,8 +65,11 @@ size_t exactIntegers(int dtype) {
   }
 }
 
-double inputValue(int rank, size_t i) {
+double inputValue(int rank, size_t i, int op = -1) {
   if (gInputs.moved) return double((size_t(rank) * 31 + i) % gInputs.modulus);
+  // A product of {0, 1, 2} over 3 or more ranks is 0 everywhere, as a buffer of zeros would be:
+  // 2 where (r + i) % 3 == 0, else 1 (exact in int8 up to 18 ranks, 2^6).
+  if (op == ncclProd) return (size_t(rank) + i) % 3 == 0 ? 2.0 : 1.0;
   return double((size_t(rank) + i) % 3);
 }
 
@@ -189,9 +192,9 @@ double load(int t, const void* src) {
 }
 
 double reduced(int op, int dtype, int nranks, size_t i, size_t rankOffset) {
-  double acc = inputValue(0, i + rankOffset);
+  double acc = inputValue(0, i + rankOffset, op);
   for (int r = 1; r < nranks; ++r) {
-    double v = inputValue(r, i + rankOffset);
+    double v = inputValue(r, i + rankOffset, op);
     if (op == ncclSum || op == ncclAvg) acc += v;
     if (op == ncclProd) acc *= v;
     if (op == ncclMax) acc = std::max(acc, v);
@@ -393,7 +396,8 @@ class Runner {
       if (dev_ && poison) dev_->fill(recv, 0xff, recvElems * es);
 #endif
       if (!dev_ && poison) memset(recv, 0xff, recvElems * es);
-      for (size_t j = 0; j < sendElems; ++j) store(o_.dtype, inputValue(r_.rank, j), hs + j * es);
+      for (size_t j = 0; j < sendElems; ++j)
+        store(o_.dtype, inputValue(r_.rank, j, op), hs + j * es);
 #ifdef TUTTI_HAVE_CUDA
       if (dev_) dev_->toDevice(send, hs, sendElems * es);
 #endif

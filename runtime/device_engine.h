@@ -67,6 +67,9 @@ class DeviceEngine {
 
   // Channels (blocks) per collective at most.
   int maxChannels() const { return maxChannels_; }
+  // Whether the GPU ranks agree on the planner's settings (checkDeviceSettingsAgree): group.cc
+  // refuses device operations before anything runs where they do not.
+  const Status& settingsAgree() const { return settingsAgree_; }
   // Blocks a group of more than dev::kMaxOps sends and receives to other ranks may take on this
   // rank (one per peer and direction): the ranks sharing a GPU may each run such a kernel at
   // once, and their blocks wait for each other, so all must be resident together. What the GPU

@@ -195,6 +195,15 @@ Status checkCaptures(const Batch& b) {
 // refused here too. Like the count, it is this rank's own verdict: where the ranks' groups
 // differ (a gather's root), a peer that goes on waits for the refused rank until TUTTI_TIMEOUT.
 Status checkSendRecvs(Comm* comm, const CollArgs* ops, size_t n) {
+  // GPU ranks that read different planner settings would plan kernels that do not meet: every
+  // rank finds that alike, from the peer table, and refuses.
+  if (comm->nranks() > 1 &&
+      std::any_of(ops, ops + n, [](const CollArgs& op) { return op.device; })) {
+    if (const Status& agree = comm->deviceEngine().settingsAgree(); !agree.ok()) {
+      return agree.withContext("rank " + std::to_string(comm->rank()) +
+                               ": refusing GPU operations; nothing ran");
+    }
+  }
   size_t count = 0;
   std::vector<std::pair<int, CollKind>> blocks;
   for (size_t i = 0; i < n; ++i) {

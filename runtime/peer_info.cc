@@ -106,7 +106,9 @@ DeviceSettings deviceSettingsFromEnv() {
     if (v == "ll") d.proto = dev::kLL;
     if (v == "simple") d.proto = dev::kSimple;
   }
-  d.maxChannels = env::getInt("NCCL_MAX_NCHANNELS", dev::kMaxChannels);
+  // As the engine takes it (it caps it further by the ranks per GPU, alike on every rank).
+  d.maxChannels = std::clamp<int64_t>(env::getInt("NCCL_MAX_NCHANNELS", dev::kMaxChannels), 1,
+                                      dev::kMaxChannels);
   d.llMaxBytes = std::max<int64_t>(0, env::getInt("TUTTI_LL_MAX_BYTES", 64 << 10));
   d.gatherMaxBytes = std::max<int64_t>(0, env::getInt("TUTTI_LL_GATHER_MAX_BYTES", 4 << 10));
   d.channelBytes = std::max<int64_t>(1, env::getInt("TUTTI_DEV_CHANNEL_BYTES", 512 << 10));

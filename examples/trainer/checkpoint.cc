@@ -120,7 +120,9 @@ bool saveCheckpoint(const std::string& path, const Checkpoint& ck, std::string* 
                           : slash == 0               ? "/"
                                                      : path.substr(0, slash);
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0 || ::fsync(dfd) != 0) {
+  // Some file systems (FUSE, some network ones) cannot sync a directory and say so: the file
+  // itself is synced and in place, which is all they offer.
+  if (dfd < 0 || (::fsync(dfd) != 0 && errno != EINVAL && errno != EBADF && errno != ENOTSUP)) {
     saved = errno;
     if (dfd >= 0) ::close(dfd);
     *error = "checkpoint " + path + " written, but syncing its directory " + dir +

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/harness.h"
+
 using tutti::PeerInfo;
 
 namespace {
@@ -54,15 +56,24 @@ TEST(PeerInfo, LocalInfoCarriesThisProcesssAffinity) {
 // every GPU rank: a difference is named (which variable, which ranks, their values); CPU
 // ranks are left out (they plan no kernels).
 TEST(PeerInfo, GpuRanksMustAgreeOnThePlannersSettings) {
-  setenv("NCCL_PROTO", "ll", 1);
-  setenv("TUTTI_LL_GATHER_MAX_BYTES", "0", 1);
-  const tutti::DeviceSettings d = tutti::deviceSettingsFromEnv();
-  unsetenv("NCCL_PROTO");
-  unsetenv("TUTTI_LL_GATHER_MAX_BYTES");
+  tutti::DeviceSettings d{}, fresh{};
+  {
+    tutti::test::ScopedEnv proto("NCCL_PROTO", "ll");
+    tutti::test::ScopedEnv gather("TUTTI_LL_GATHER_MAX_BYTES", "0");
+    tutti::test::ScopedEnv ll("TUTTI_LL_MAX_BYTES", nullptr);
+    tutti::test::ScopedEnv channels("NCCL_MAX_NCHANNELS", "32");
+    d = tutti::deviceSettingsFromEnv();
+  }
   EXPECT_EQ(d.proto, 1);  // dev::kLL
   EXPECT_EQ(d.gatherMaxBytes, 0);
   EXPECT_EQ(d.llMaxBytes, 64 << 10);
-  const tutti::DeviceSettings fresh = tutti::deviceSettingsFromEnv();
+  EXPECT_EQ(d.maxChannels, 16);  // as the engine clamps it
+  {
+    tutti::test::ScopedEnv proto("NCCL_PROTO", nullptr);
+    tutti::test::ScopedEnv gather("TUTTI_LL_GATHER_MAX_BYTES", nullptr);
+    tutti::test::ScopedEnv channel("TUTTI_DEV_CHANNEL_BYTES", nullptr);
+    fresh = tutti::deviceSettingsFromEnv();
+  }
   EXPECT_EQ(fresh.proto, -1);
   EXPECT_EQ(fresh.gatherMaxBytes, 4 << 10);
 
