@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -297,6 +298,72 @@ TEST(GpuValidation, ManySendsNeedingMoreResidentBlocksThanTheCapAreRefused) {
       << ncclGetLastError(nullptr);
   ASSERT_EQ(t.allReduce(b), ncclSuccess) << ncclGetLastError(nullptr);
   for (int r = 0; r < 2; ++r) EXPECT_EQ(b.check(r, 3.0f, t.streams[r]), "");
+}
+
+// The gathered LL all-reduce (dev::kAlgoGather) on the GPU: 4 ranks on the one GPU, driven by one
+// thread's groups, 300 small all-reduces back to back (each round's inputs differ, so a line
+// left from an earlier round shows), on values whose sums round. Every rank must hold exactly
+// the rank-order float sum, the same bits everywhere: what the gather computes, and what a
+// torn or stale LL line would break.
+TEST(GpuGather, BackToBackSmallAllReducesGiveTheRankOrderSumOnEveryRank) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 4, kRounds = 300;
+  constexpr size_t kCount = 64;  // 256 bytes: gathered
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  ScopedEnv proto("NCCL_PROTO", "LL");
+  ncclComm_t comms[n];
+  int devs[n] = {0, 0, 0, 0};
+  ASSERT_EQ(ncclCommInitAll(comms, n, devs), ncclSuccess) << ncclGetLastError(nullptr);
+  auto input = [](int r, int round, size_t i) {
+    return 1.0f / float(3 + 7 * r + int(i % 13) + round % 17);
+  };
+  const size_t total = kCount * kRounds;
+  cudaStream_t streams[n];
+  float *in[n], *out[n];
+  std::vector<float> host(total);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&in[r], total * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&out[r], total * 4), cudaSuccess);
+    for (int k = 0; k < kRounds; ++k)
+      for (size_t i = 0; i < kCount; ++i) host[size_t(k) * kCount + i] = input(r, k, i);
+    ASSERT_EQ(cudaMemcpy(in[r], host.data(), total * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(out[r], 0xff, total * 4), cudaSuccess);
+  }
+  for (int k = 0; k < kRounds; ++k) {
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      const size_t at = size_t(k) * kCount;
+      ASSERT_EQ(
+          ncclAllReduce(in[r] + at, out[r] + at, kCount, ncclFloat, ncclSum, comms[r], streams[r]),
+          ncclSuccess);
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  }
+  size_t bad = 0;
+  std::string first;
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(host.data(), out[r], total * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int k = 0; k < kRounds; ++k) {
+      for (size_t i = 0; i < kCount; ++i) {
+        float want = 0;
+        for (int q = 0; q < n; ++q) want = q == 0 ? input(q, k, i) : want + input(q, k, i);
+        const float got = host[size_t(k) * kCount + i];
+        if (memcmp(&got, &want, 4) != 0 && bad++ == 0) {
+          first = "rank " + std::to_string(r) + " round " + std::to_string(k) + " element " +
+                  std::to_string(i);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "first: " << first;
+  for (int r = 0; r < n; ++r) {
+    cudaFree(in[r]);
+    cudaFree(out[r]);
+    cudaStreamDestroy(streams[r]);
+    EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
+  }
 }
 
 // An error the application's own CUDA call left pending is still there after a collective
