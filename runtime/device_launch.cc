@@ -327,10 +327,7 @@ Status DeviceEngine::launchAll() {
     // Sends and receives past dev::kMaxOps: their kernel's parameter (copied at the launch).
     std::unique_ptr<dev::DevP2pWork> many;
     if (!l.more.empty()) {
-      many = std::make_unique<dev::DevP2pWork>();
-      many->base = l.work;
-      std::copy(l.more.begin(), l.more.end(), many->more);
-      many->nmore = int32_t(l.more.size());
+      many = devplan::p2pWork(l);
       args[0] = many.get();
     }
     TUTTI_TRY(

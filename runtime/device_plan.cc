@@ -56,6 +56,14 @@ void fillChannels(const Config& cfg, const LinkFn& link, dev::DevWork* w, int nc
 
 }  // namespace
 
+std::unique_ptr<dev::DevP2pWork> p2pWork(const Launch& l) {
+  auto w = std::make_unique<dev::DevP2pWork>();
+  w->base = l.work;
+  std::copy(l.more.begin(), l.more.end(), w->more);
+  w->nmore = int32_t(l.more.size());
+  return w;
+}
+
 dev::DevConn devConn(const transport::FifoView* f) {
   dev::DevConn c;
   if (!f) return c;

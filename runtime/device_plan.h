@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "kernels/cuda/dev_work.h"
@@ -71,6 +72,9 @@ bool usesRing(const Config& cfg, const CollArgs* ops, size_t n);
 using LinkFn = std::function<const transport::FifoView*(int peer, int channel, bool send)>;
 Status plan(const Config& cfg, const CollArgs* ops, size_t n, const LinkFn& link,
             const std::function<uint64_t()>& nextSeq, Plan* out);
+
+// A launch with `more` as p2pManyKernel takes it: work, then the rest of the operations.
+std::unique_ptr<dev::DevP2pWork> p2pWork(const Launch& l);
 
 // A FIFO end as a kernel sees it (addresses only).
 dev::DevConn devConn(const transport::FifoView* f);

@@ -127,11 +127,8 @@ struct EmuComm {
       if (l.more.empty()) {
         emuLaunch(l.dtype, l.fn, l.proto, unsigned(l.blocks), kThreadsPerBlock, &l.work);
       } else {
-        auto many = std::make_unique<dev::DevP2pWork>();
-        many->base = l.work;
-        std::copy(l.more.begin(), l.more.end(), many->more);
-        many->nmore = int32_t(l.more.size());
-        emuLaunchP2pMany(unsigned(l.blocks), kThreadsPerBlock, many.get());
+        // As DeviceEngine::launchAll passes it.
+        emuLaunchP2pMany(unsigned(l.blocks), kThreadsPerBlock, devplan::p2pWork(l).get());
       }
     }
     copiesBefore(plan.launches.size());
