@@ -215,9 +215,10 @@ Status checkSendRecvs(Comm* comm, const CollArgs* ops, size_t n) {
     const std::pair<int, CollKind> key{op.root, op.kind};
     if (std::find(blocks.begin(), blocks.end(), key) == blocks.end()) blocks.push_back(key);
   }
-  const std::string who = "rank " + std::to_string(comm->rank()) + ": ";
+  // Built only to refuse: this runs for every operation on GPU buffers.
+  auto who = [comm] { return "rank " + std::to_string(comm->rank()) + ": "; };
   if (count > static_cast<size_t>(dev::kMaxP2pOps)) {
-    return invalidUsage(who + std::to_string(count) +
+    return invalidUsage(who() + std::to_string(count) +
                         " sends and receives on GPU buffers to other ranks in one group (an "
                         "ncclAlltoAll, ncclGather or ncclScatter counts one per rank): at most " +
                         std::to_string(dev::kMaxP2pOps) + " are supported yet; nothing ran");
@@ -225,9 +226,9 @@ Status checkSendRecvs(Comm* comm, const CollArgs* ops, size_t n) {
   // Up to one kernel's kMaxOps, as before the cap: groups that ran keep running.
   if (count <= static_cast<size_t>(dev::kMaxOps)) return Status::Ok();
   Result<int> cap = comm->deviceEngine().p2pBlockCap();
-  if (!cap.ok()) return cap.status().withContext(who + "sizing a group of sends and receives");
+  if (!cap.ok()) return cap.status().withContext(who() + "sizing a group of sends and receives");
   if (blocks.size() <= static_cast<size_t>(cap.value())) return Status::Ok();
-  return invalidUsage(who + "this group's sends and receives on GPU buffers need " +
+  return invalidUsage(who() + "this group's sends and receives on GPU buffers need " +
                       std::to_string(blocks.size()) +
                       " blocks (one per peer and direction), and the ranks that share this "
                       "GPU may each have only " +
