@@ -61,7 +61,7 @@ class BrokenWords {
           const Word w = pool().back();
           pool().pop_back();
           __atomic_store_n(w.host, 0u, __ATOMIC_RELEASE);
-          held()[w.host] = Held{1, w.dev};
+          held()[w.host] = Held{1, w.dev, nullptr};
           return w;
         }
       }
@@ -89,12 +89,20 @@ class BrokenWords {
     ++it->second.refs;
     return Word{host, it->second.dev};
   }
-  static void drop(uint32_t* host) {
+  // Lets a holder go. The receiver passes the FIFO it allocated: whichever end lets go last
+  // gets it back to free (nullptr otherwise), so that a FIFO of two ranks of one process stays
+  // while either end's communicator lives -- the other's kernel may still write into it (an
+  // idle rank aborted while its peer's kernel sends to it).
+  static char* drop(uint32_t* host, char* fifo = nullptr) {
     std::lock_guard<std::mutex> lock(mu());
     auto it = held().find(host);
-    if (it == held().end() || --it->second.refs > 0) return;
+    if (it == held().end()) return fifo;
+    if (fifo) it->second.fifo = fifo;
+    if (--it->second.refs > 0) return nullptr;
+    char* last = it->second.fifo;
     pool().push_back(Word{host, it->second.dev});
     held().erase(it);
+    return last;
   }
 
  private:
@@ -103,6 +111,7 @@ class BrokenWords {
   struct Held {
     int refs;
     uint32_t* dev;
+    char* fifo;  // the receiver's FIFO once the receiver let go (freed by the last holder)
   };
   // Never destroyed: a communicator may be destroyed during exit, after function statics.
   static std::mutex& mu() {
@@ -182,7 +191,8 @@ class P2pConnection : public Connection {
       // thread. So an abandoned link's memory stays until the process exits.
       return;
     }
-    if (m_.broken) BrokenWords::drop(m_.broken);
+    // Same process: the FIFO goes with the last of its two ends (BrokenWords::drop).
+    char* lastEnd = m_.broken ? BrokenWords::drop(m_.broken, m_.owner ? m_.dev : nullptr) : nullptr;
     if (m_.brokenPage) {
       cudaHostUnregister(m_.brokenPage);
       munmap(m_.brokenPage, kBrokenPageBytes);
@@ -190,7 +200,8 @@ class P2pConnection : public Connection {
     if (m_.ownStep) cudaFree(m_.ownStep);
     if (m_.mode == kDevice) {
       if (m_.ipcOpened) cudaIpcCloseMemHandle(m_.dev);
-      if (m_.owner) cudaFree(m_.dev);
+      if (m_.owner && !m_.broken) cudaFree(m_.dev);  // another process's end: its own mapping
+      if (lastEnd) cudaFree(lastEnd);
     } else {
       cudaHostUnregister(m_.host);
       munmap(m_.host, m_.bytes);
