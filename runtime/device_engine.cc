@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "runtime/bootstrap.h"
 #include "runtime/comm.h"
@@ -77,6 +79,21 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
   }
 }
 
+namespace {
+// Whether the stream's work and the event's launch finished (or failed) within `limit`,
+// asking every millisecond: no call that blocks.
+bool finishedWithin(cudaStream_t stream, cudaEvent_t event, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    const bool pending = cudaStreamQuery(stream) == cudaErrorNotReady ||
+                         (event && cudaEventQuery(event) == cudaErrorNotReady);
+    if (!pending) return true;
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+}  // namespace
+
 DeviceEngine::~DeviceEngine() {
   // Teardown may run while another thread captures a graph in the global mode, which
   // forbids this thread cudaFree and its like (they would fail, and invalidate that capture).
@@ -91,8 +108,28 @@ DeviceEngine::~DeviceEngine() {
     const bool keep = aborted && (busyAtAbort_.load(std::memory_order_acquire) ||
                                   launches_.load(std::memory_order_acquire) != launchesAtAbort_);
     if (aborted) breakLinks();  // peers' kernels stop before anything is freed
-    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
-    if (serial_) cudaEventSynchronize(static_cast<cudaEvent_t>(serial_));  // the last launch
+    auto stream = static_cast<cudaStream_t>(stream_);
+    auto last = static_cast<cudaEvent_t>(serial_);  // the last launch, on whichever stream
+    if (!aborted) {
+      cudaStreamSynchronize(stream);
+      if (last) cudaEventSynchronize(last);
+    } else if (!finishedWithin(stream, last, std::chrono::seconds(5))) {
+      // Kernels see the abort word within microseconds; this work has not even started: it is
+      // queued behind something that does not end (another communicator's stuck kernel on a
+      // caller's stream, say). Waiting for it would hang the abort, so the stream, the events,
+      // the words (the abort word stays set for a kernel that starts later) and the FIFOs are
+      // left to the process's exit.
+      comm_.setDeviceAbortWord(nullptr);
+      const size_t bytes = links_ ? links_->abandonAll() : 0;
+      TUTTI_WARN(
+          "rank %d: aborted while its GPU work had not finished 5 s later (queued behind another "
+          "communicator's kernel?): its stream, events and %zu bytes of GPU memory stay "
+          "allocated until the process exits",
+          comm_.rank(), bytes);
+      links_.reset();
+      cudaGetLastError();
+      return;
+    }
     comm_.setDeviceAbortWord(nullptr);
     for (void* ev : {entry_, done_, serial_, capEv_}) {
       if (ev) cudaEventDestroy(static_cast<cudaEvent_t>(ev));

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -364,6 +365,38 @@ TEST(GpuGather, BackToBackSmallAllReducesGiveTheRankOrderSumOnEveryRank) {
     cudaStreamDestroy(streams[r]);
     EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
   }
+}
+
+// ncclCommAbort while the communicator's work is still queued behind something that does not
+// end (here a host function that blocks rank 0's stream; in practice another communicator's
+// stuck kernel): the abort returns within seconds instead of waiting for it, and what the work
+// needs stays allocated. Then the stream is let go, and the queued kernel stops on the abort word.
+TEST(GpuAbort, AnAbortDoesNotWaitForWorkQueuedBehindAStuckStream) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv timeout("TUTTI_TIMEOUT", "60");
+  TwoRanks t;
+  RankBuffers b(2, 1024);
+  for (int r = 0; r < 2; ++r) b.fill(r, 1.0f, t.streams[r]);
+  std::atomic<bool> release{false};
+  auto block = [](void* flag) {
+    auto* f = static_cast<std::atomic<bool>*>(flag);
+    while (!f->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  ASSERT_EQ(cudaLaunchHostFunc(t.streams[0], block, &release), cudaSuccess);
+  ASSERT_EQ(t.allReduce(b), ncclSuccess) << ncclGetLastError(nullptr);  // queued on both streams
+  std::thread safety([&] {  // if the abort waits for the stream after all, end the wait
+    std::this_thread::sleep_for(std::chrono::seconds(40));
+    release = true;
+  });
+  for (ncclComm_t& c : t.comms) {
+    EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+    c = nullptr;
+  }
+  const bool waited = release.load();  // set before now only by the safety thread, at 40 s
+  release = true;
+  safety.join();
+  EXPECT_FALSE(waited) << "the abort waited for the blocked stream";
+  for (cudaStream_t s : t.streams) EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
 }
 
 // An error the application's own CUDA call left pending is still there after a collective
