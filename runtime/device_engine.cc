@@ -110,22 +110,26 @@ DeviceEngine::~DeviceEngine() {
     if (aborted) breakLinks();  // peers' kernels stop before anything is freed
     auto stream = static_cast<cudaStream_t>(stream_);
     auto last = static_cast<cudaEvent_t>(serial_);  // the last launch, on whichever stream
+    // Memory that peers' or this rank's kernels may still use is left to the process's exit.
+    auto leave = [this](const char* why) {
+      const size_t bytes = links_ ? links_->abandonAll() : 0;
+      TUTTI_WARN(
+          "rank %d: %s: %zu bytes of GPU memory (its FIFOs) stay allocated until the "
+          "process exits",
+          comm_.rank(), why, bytes);
+    };
     if (!aborted) {
       cudaStreamSynchronize(stream);
       if (last) cudaEventSynchronize(last);
     } else if (!finishedWithin(stream, last, std::chrono::seconds(5))) {
       // Kernels see the abort word within microseconds; this work has not even started: it is
       // queued behind something that does not end (another communicator's stuck kernel on a
-      // caller's stream, say). Waiting for it would hang the abort, so the stream, the events,
-      // the words (the abort word stays set for a kernel that starts later) and the FIFOs are
-      // left to the process's exit.
+      // caller's stream, say). Waiting for it would hang the abort, so the stream, the events
+      // and the words (the abort word stays set for a kernel that starts later) stay too.
       comm_.setDeviceAbortWord(nullptr);
-      const size_t bytes = links_ ? links_->abandonAll() : 0;
-      TUTTI_WARN(
-          "rank %d: aborted while its GPU work had not finished 5 s later (queued behind another "
-          "communicator's kernel?): its stream, events and %zu bytes of GPU memory stay "
-          "allocated until the process exits",
-          comm_.rank(), bytes);
+      leave(
+          "aborted while its GPU work had not finished 5 s later (queued behind another "
+          "communicator's kernel?); its stream and events stay too");
       links_.reset();
       cudaGetLastError();
       return;
@@ -138,12 +142,7 @@ DeviceEngine::~DeviceEngine() {
     // An abort with work in flight frees no memory (see noteAbort): the words, like the links'
     // FIFOs, are left to the process's exit.
     if (keep) {
-      const size_t bytes = links_ ? links_->abandonAll() : 0;
-      TUTTI_WARN(
-          "rank %d: aborted with GPU work in flight or failed: %zu bytes of GPU memory (its "
-          "FIFOs) stay allocated until the process exits, since peers' kernels may still use "
-          "them",
-          comm_.rank(), bytes);
+      leave("aborted with GPU work in flight or failed, so peers' kernels may still use it");
     } else {
       cudaFreeHost(abortHost_);
       cudaFreeHost(errHost_.load());
