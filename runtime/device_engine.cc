@@ -121,7 +121,9 @@ DeviceEngine::~DeviceEngine() {
     if (!aborted) {
       cudaStreamSynchronize(stream);
       if (last) cudaEventSynchronize(last);
-    } else if (!finishedWithin(stream, last, std::chrono::seconds(5))) {
+    } else if (!keep && !finishedWithin(stream, last, std::chrono::seconds(5))) {
+      // (Kept memory needs no wait at all: destroying a stream or event with work pending
+      // returns at once, and nothing is freed.)
       // Kernels see the abort word within microseconds; this work has not even started: it is
       // queued behind something that does not end (another communicator's stuck kernel on a
       // caller's stream, say). Waiting for it would hang the abort, so the stream, the events

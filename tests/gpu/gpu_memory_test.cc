@@ -10,7 +10,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -377,25 +379,52 @@ TEST(GpuAbort, AnAbortDoesNotWaitForWorkQueuedBehindAStuckStream) {
   TwoRanks t;
   RankBuffers b(2, 1024);
   for (int r = 0; r < 2; ++r) b.fill(r, 1.0f, t.streams[r]);
-  std::atomic<bool> release{false};
+  // The engines made first (kernels loaded, FIFOs allocated: calls that may wait for the
+  // GPU), so that nothing but the abort meets the blocked stream.
+  ASSERT_EQ(t.allReduce(b), ncclSuccess) << ncclGetLastError(nullptr);
+  for (cudaStream_t s : t.streams) ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;                 // the aborts returned (or the test is leaving)
+  std::atomic<bool> release{false};  // lets the blocked stream go
   auto block = [](void* flag) {
     auto* f = static_cast<std::atomic<bool>*>(flag);
     while (!f->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   };
-  ASSERT_EQ(cudaLaunchHostFunc(t.streams[0], block, &release), cudaSuccess);
-  ASSERT_EQ(t.allReduce(b), ncclSuccess) << ncclGetLastError(nullptr);  // queued on both streams
-  std::thread safety([&] {  // if the abort waits for the stream after all, end the wait
-    std::this_thread::sleep_for(std::chrono::seconds(40));
+  // If the abort waits for the stream after all, end that wait at 40 s (and on any way out).
+  std::thread safety([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(40), [&] { return done; });
     release = true;
   });
+  struct Finish {
+    std::mutex& mu;
+    std::condition_variable& cv;
+    bool& done;
+    std::thread& safety;
+    ~Finish() {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        done = true;
+      }
+      cv.notify_all();
+      if (safety.joinable()) safety.join();
+    }
+  } finish{mu, cv, done, safety};
+  ASSERT_EQ(cudaLaunchHostFunc(t.streams[0], block, &release), cudaSuccess);
+  ASSERT_EQ(t.allReduce(b), ncclSuccess) << ncclGetLastError(nullptr);  // queued behind it
   for (ncclComm_t& c : t.comms) {
     EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
     c = nullptr;
   }
   const bool waited = release.load();  // set before now only by the safety thread, at 40 s
-  release = true;
-  safety.join();
   EXPECT_FALSE(waited) << "the abort waited for the blocked stream";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+  safety.join();
   for (cudaStream_t s : t.streams) EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
 }
 
