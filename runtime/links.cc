@@ -115,6 +115,13 @@ Result<transport::Transport*> Links::transportFor(int peer) {
   return net_.get();
 }
 
+// "rank 0 <- rank 3, channel 1 (p2p)": which link a setup failure is about.
+std::string Links::linkName(const LinkNeed& n, const transport::Transport* t) const {
+  return "rank " + std::to_string(comm_.rank()) + (n.send ? " -> rank " : " <- rank ") +
+         std::to_string(n.peer) + ", channel " + std::to_string(n.channel) +
+         (t ? std::string(" (") + t->name() + ")" : std::string());
+}
+
 Status Links::ensure(const std::vector<LinkNeed>& needs, std::vector<int>* madePeers) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<LinkNeed> todo;
@@ -145,9 +152,11 @@ Status Links::ensure(const std::vector<LinkNeed>& needs, std::vector<int>* madeP
   std::vector<std::pair<LinkNeed, transport::Connection*>> made;
   for (auto& [n, t] : recvs) {
     transport::Descriptor d{};
-    TUTTI_ASSIGN(c, t->setupRecv({n.peer, n.channel, slotBytesFor(n.peer)}, &d));
-    transport::Connection* raw = c.get();
-    conns_[n] = std::move(c);
+    Result<std::unique_ptr<transport::Connection>> c =
+        t->setupRecv({n.peer, n.channel, slotBytesFor(n.peer)}, &d);
+    if (!c.ok()) return c.status().withContext(linkName(n, t));
+    transport::Connection* raw = c.value().get();
+    conns_[n] = c.take();
     made.push_back({n, raw});
     TUTTI_TRY(b->send(n.peer, tagOf(n.channel), &d, sizeof(d)).withContext("link setup"));
   }
@@ -155,12 +164,16 @@ Status Links::ensure(const std::vector<LinkNeed>& needs, std::vector<int>* madeP
     transport::Descriptor d{};
     TUTTI_TRY(b->recv(n.peer, tagOf(n.channel), &d, sizeof(d))
                   .withContext("link setup: waiting for rank " + std::to_string(n.peer)));
-    TUTTI_ASSIGN(c, t->connectSend({n.peer, n.channel, slotBytesFor(n.peer)}, d));
+    Result<std::unique_ptr<transport::Connection>> c =
+        t->connectSend({n.peer, n.channel, slotBytesFor(n.peer)}, d);
+    if (!c.ok()) return c.status().withContext(linkName(n, t));
     TUTTI_INFO(log::kInit, "rank %d -> rank %d channel %d via %s", comm_.rank(), n.peer, n.channel,
                t->name());
-    conns_[n] = std::move(c);
+    conns_[n] = c.take();
   }
-  for (auto& [n, c] : made) TUTTI_TRY(c->finish());
+  for (auto& [n, c] : made) {
+    if (Status s = c->finish(); !s.ok()) return s.withContext(linkName(n, nullptr));
+  }
   return Status::Ok();
 }
 

@@ -69,6 +69,7 @@ class Links {
   Result<transport::Transport*> transportFor(int peer);
 
  private:
+  std::string linkName(const LinkNeed& n, const transport::Transport* t) const;
   size_t ringMin(size_t net) const;
 
   Comm& comm_;
