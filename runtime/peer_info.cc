@@ -112,6 +112,7 @@ DeviceSettings deviceSettingsFromEnv() {
   d.llMaxBytes = std::max<int64_t>(0, env::getInt("TUTTI_LL_MAX_BYTES", 64 << 10));
   d.gatherMaxBytes = std::max<int64_t>(0, env::getInt("TUTTI_LL_GATHER_MAX_BYTES", 4 << 10));
   d.channelBytes = std::max<int64_t>(1, env::getInt("TUTTI_DEV_CHANNEL_BYTES", 512 << 10));
+  d.p2pDisabled = env::getBool("NCCL_P2P_DISABLE", false) ? 1 : 0;
   return d;
 }
 

@@ -20,6 +20,9 @@ struct DeviceSettings {
   int64_t llMaxBytes;      // TUTTI_LL_MAX_BYTES
   int64_t gatherMaxBytes;  // TUTTI_LL_GATHER_MAX_BYTES
   int64_t channelBytes;    // TUTTI_DEV_CHANNEL_BYTES
+  // NCCL_P2P_DISABLE: not compared (each pair of ranks takes mapped host memory where either
+  // end set it), but carried, so that the receiver, which decides, knows the sender's too.
+  int64_t p2pDisabled;
 };
 DeviceSettings deviceSettingsFromEnv();
 

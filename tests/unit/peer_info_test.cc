@@ -62,12 +62,14 @@ TEST(PeerInfo, GpuRanksMustAgreeOnThePlannersSettings) {
     tutti::test::ScopedEnv gather("TUTTI_LL_GATHER_MAX_BYTES", "0");
     tutti::test::ScopedEnv ll("TUTTI_LL_MAX_BYTES", nullptr);
     tutti::test::ScopedEnv channels("NCCL_MAX_NCHANNELS", "32");
+    tutti::test::ScopedEnv p2p("NCCL_P2P_DISABLE", nullptr);
     d = tutti::deviceSettingsFromEnv();
   }
   EXPECT_EQ(d.proto, 1);  // dev::kLL
   EXPECT_EQ(d.gatherMaxBytes, 0);
   EXPECT_EQ(d.llMaxBytes, 64 << 10);
   EXPECT_EQ(d.maxChannels, 16);  // as the engine clamps it
+  EXPECT_EQ(d.p2pDisabled, 0);
   {
     tutti::test::ScopedEnv proto("NCCL_PROTO", nullptr);
     tutti::test::ScopedEnv gather("TUTTI_LL_GATHER_MAX_BYTES", nullptr);
@@ -98,6 +100,10 @@ TEST(PeerInfo, GpuRanksMustAgreeOnThePlannersSettings) {
                              "rank 3 1048576"),
             std::string::npos)
       << s.message();
+  peers[3].device = fresh;
+  peers[1].device.p2pDisabled = 1;  // carried, not compared: each pair decides with both ends'
+  EXPECT_TRUE(tutti::checkDeviceSettingsAgree(peers.data(), peers.size()).ok());
+  peers[3].device.channelBytes = 1 << 20;
   peers[3].cudaDev = -1;  // a CPU rank: its settings do not matter
   EXPECT_TRUE(tutti::checkDeviceSettingsAgree(peers.data(), peers.size()).ok());
 }

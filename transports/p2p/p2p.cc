@@ -235,7 +235,7 @@ class P2pConnection : public Connection {
 class P2pTransport : public Transport {
  public:
   explicit P2pTransport(Comm& comm) : comm_(comm) {
-    p2pDisabled_ = env::getBool("NCCL_P2P_DISABLE", false);
+    p2pDisabled_ = me().device.p2pDisabled != 0;  // NCCL_P2P_DISABLE, as read at init
     llSlotBytes_ =
         size_t(std::clamp<int64_t>(env::getInt("TUTTI_LL_SLOT_BYTES", 16 << 10), 256, 1 << 20)) /
         16 * 16;
@@ -408,10 +408,11 @@ class P2pTransport : public Transport {
     return Status::Ok();
   }
 
-  // GPU memory unless p2p is disabled or the two GPUs cannot reach each other. Decided by the
-  // receiver from facts both sides share (bus ids), and carried to the sender.
+  // GPU memory unless p2p is disabled on either end or the sender's GPU cannot reach the
+  // receiver's. Decided by the receiver from facts both sides share (bus ids, the sender's
+  // NCCL_P2P_DISABLE in its PeerInfo), and carried to the sender.
   bool deviceModeWith(int r) const {
-    if (p2pDisabled_) return false;
+    if (p2pDisabled_ || peer(r).device.p2pDisabled) return false;
     if (strcmp(peer(r).busId, me().busId) == 0) return true;
     const int other = deviceOfBus(peer(r).busId);
     if (other < 0 && !warnedInvisible_) {
@@ -422,12 +423,15 @@ class P2pTransport : public Transport {
           "GPU memory; let each process see the GPUs of the ranks on its host",
           comm_.rank(), r, peer(r).busId);
     }
-    int ok = 0;
-    if (other < 0 || cudaDeviceCanAccessPeer(&ok, comm_.cudaDev(), other) != cudaSuccess) {
+    // The sender (other) writes into this rank's FIFO and reads its head: its GPU must reach
+    // this one (both ways asked: topologies where only one way works are not worth the risk).
+    int there = 0, back = 0;
+    if (other < 0 || cudaDeviceCanAccessPeer(&there, other, comm_.cudaDev()) != cudaSuccess ||
+        cudaDeviceCanAccessPeer(&back, comm_.cudaDev(), other) != cudaSuccess) {
       cudaGetLastError();
       return false;
     }
-    return ok != 0;
+    return there != 0 && back != 0;
   }
 
   Status enablePeerAccess(int r) const {
