@@ -172,7 +172,8 @@ Status Links::ensure(const std::vector<LinkNeed>& needs, std::vector<int>* madeP
     conns_[n] = c.take();
   }
   for (auto& [n, c] : made) {
-    if (Status s = c->finish(); !s.ok()) return s.withContext(linkName(n, nullptr));
+    if (Status s = c->finish(); !s.ok())
+      return s.withContext(linkName(n, nullptr) + " (" + c->transportName() + ")");
   }
   return Status::Ok();
 }
