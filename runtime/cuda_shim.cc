@@ -76,6 +76,17 @@ std::string busId(int device) {
   return buf;
 }
 
+void deviceUuid(int device, unsigned char out[16]) {
+  memset(out, 0, 16);
+  cudaDeviceProp prop;
+  if (device < 0 || device >= deviceCount() ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  memcpy(out, prop.uuid.bytes, 16);
+}
+
 Status deviceMalloc(void** ptr, size_t bytes) {
   cudaError_t e = cudaMalloc(ptr, bytes);
   return e == cudaSuccess ? Status::Ok() : cudaStatus("cudaMalloc", e);
@@ -182,6 +193,7 @@ Status setDevice(int device) {
                          " requested, but tutti was built without CUDA");
 }
 std::string busId(int) { return ""; }
+void deviceUuid(int, unsigned char out[16]) { memset(out, 0, 16); }
 Status deviceMalloc(void**, size_t) {
   return Status(Code::kCudaError, "tutti was built without CUDA");
 }

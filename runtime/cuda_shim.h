@@ -18,6 +18,9 @@ int currentDevice();
 Status setDevice(int device);
 // PCI bus id ("0000:3b:00.0") or "" for -1 / no CUDA.
 std::string busId(int device);
+// The device's UUID (a MIG instance's own, under MIG, where instances of one GPU share a bus
+// id) into out[16]; zeros for -1 / no CUDA / an error.
+void deviceUuid(int device, unsigned char out[16]);
 // What the runtime says when it has no devices (for logs): "no CUDA driver", etc.
 std::string unavailableReason();
 

@@ -42,8 +42,7 @@ int ranksPerDevice(const Comm& comm) {
   int most = 1;
   for (const PeerInfo& p : comm.peers()) {
     int same = 0;
-    for (const PeerInfo& q : comm.peers())
-      same += q.hostHash == p.hostHash && strcmp(q.busId, p.busId) == 0 && q.cudaDev >= 0;
+    for (const PeerInfo& q : comm.peers()) same += sameGpu(q, p);
     most = std::max(most, same);
   }
   return most;
@@ -71,9 +70,8 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
   graphMixing_ = env::getBool("NCCL_GRAPH_MIXING_SUPPORT", true);
   const PeerInfo& me = comm.peers()[size_t(comm.rank())];
   for (const PeerInfo& q : comm.peers()) {
-    const bool sibling = q.rank != me.rank && q.pid == me.pid && q.pidNs == me.pidNs &&
-                         q.hostHash == me.hostHash && strcmp(q.busId, me.busId) == 0 &&
-                         q.cudaDev >= 0;
+    const bool sibling =
+        q.rank != me.rank && q.pid == me.pid && q.pidNs == me.pidNs && sameGpu(q, me);
     isSibling_.push_back(sibling);
     siblings_ += sibling;
   }
@@ -285,7 +283,7 @@ void DeviceEngine::warnSharedGpuProcesses() const {
   const PeerInfo& me = comm_.peers()[size_t(comm_.rank())];
   int processes = 0, lowest = comm_.rank();
   for (const PeerInfo& q : comm_.peers()) {
-    if (q.cudaDev < 0 || q.hostHash != me.hostHash || strcmp(q.busId, me.busId) != 0) continue;
+    if (!sameGpu(q, me)) continue;
     lowest = std::min(lowest, int(q.rank));
     if (q.pid != me.pid || q.pidNs != me.pidNs) ++processes;
   }

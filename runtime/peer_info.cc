@@ -97,6 +97,11 @@ int machineCpus(const PeerInfo* peers, size_t n, uint64_t machineHash) {
   return std::max(count, 1);
 }
 
+bool sameGpu(const PeerInfo& a, const PeerInfo& b) {
+  return a.cudaDev >= 0 && b.cudaDev >= 0 && a.hostHash == b.hostHash &&
+         strcmp(a.busId, b.busId) == 0 && memcmp(a.gpuUuid, b.gpuUuid, sizeof(a.gpuUuid)) == 0;
+}
+
 DeviceSettings deviceSettingsFromEnv() {
   DeviceSettings d{};
   d.proto = -1;
@@ -172,6 +177,7 @@ PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr
   p.machineHash = localMachineHash();
   p.bootIdKnown = !bootId().empty();
   snprintf(p.busId, sizeof(p.busId), "%s", cuda::busId(cudaDev).c_str());
+  cuda::deviceUuid(cudaDev, p.gpuUuid);
   snprintf(p.hostname, sizeof(p.hostname), "%s", localHostname().c_str());
   p.bootstrapAddr = wire::fromSockAddr(bootstrapAddr);
   p.device = deviceSettingsFromEnv();

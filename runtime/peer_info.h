@@ -34,9 +34,10 @@ struct PeerInfo {
   int32_t bootIdKnown;  // 1 when machineHash comes from a boot id (0: it tells nothing)
   uint64_t pidNs;
   // The running kernel (boot id): ranks that share CPUs even across namespaces.
-  uint64_t machineHash;  // pid namespace inode: pids mean the same thing only within one
-  uint64_t hostHash;     // equal for ranks that can share memory directly
-  char busId[24];        // PCI bus id of cudaDev, "" for CPU ranks
+  uint64_t machineHash;       // pid namespace inode: pids mean the same thing only within one
+  uint64_t hostHash;          // equal for ranks that can share memory directly
+  char busId[24];             // PCI bus id of cudaDev, "" for CPU ranks
+  unsigned char gpuUuid[16];  // cudaDev's UUID (a MIG instance's own), zeros for CPU ranks
   char hostname[64];
   wire::Addr bootstrapAddr;
   // The CPUs this process may run on (affinity), CPU c at bit c % 64 of word c / 64; CPUs from
@@ -52,6 +53,10 @@ Status checkDeviceSettingsAgree(const PeerInfo* peers, size_t n);
 // Hash of host name, boot id and network namespace, or of NCCL_HOSTID when set. Ranks in
 // different network namespaces count as different hosts: that is how tests stand in for a
 // cluster on one machine, and a namespace boundary usually is a container boundary too.
+// Whether two ranks use one GPU (the same MIG instance, under MIG): both GPU ranks on one host
+// with the same bus id and UUID.
+bool sameGpu(const PeerInfo& a, const PeerInfo& b);
+
 uint64_t localHostHash();
 uint64_t localMachineHash();
 std::string localHostname();

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -106,4 +107,25 @@ TEST(PeerInfo, GpuRanksMustAgreeOnThePlannersSettings) {
   peers[3].device.channelBytes = 1 << 20;
   peers[3].cudaDev = -1;  // a CPU rank: its settings do not matter
   EXPECT_TRUE(tutti::checkDeviceSettingsAgree(peers.data(), peers.size()).ok());
+}
+
+// Two ranks use one GPU when they are GPU ranks of one host with the same bus id and UUID: MIG
+// instances of one GPU share the bus id but not the UUID (they reach each other only through
+// host memory, and do not share SMs).
+TEST(PeerInfo, SameGpuMeansTheSameBusIdAndUuidOnOneHost) {
+  PeerInfo a{}, b{};
+  a.cudaDev = b.cudaDev = 0;
+  a.hostHash = b.hostHash = 7;
+  snprintf(a.busId, sizeof(a.busId), "0000:3b:00.0");
+  snprintf(b.busId, sizeof(b.busId), "0000:3b:00.0");
+  a.gpuUuid[0] = b.gpuUuid[0] = 0x42;
+  EXPECT_TRUE(tutti::sameGpu(a, b));
+  b.gpuUuid[15] = 1;  // another MIG instance of the same GPU
+  EXPECT_FALSE(tutti::sameGpu(a, b));
+  b.gpuUuid[15] = 0;
+  b.hostHash = 8;  // another host
+  EXPECT_FALSE(tutti::sameGpu(a, b));
+  b.hostHash = 7;
+  b.cudaDev = -1;  // a CPU rank
+  EXPECT_FALSE(tutti::sameGpu(a, b));
 }

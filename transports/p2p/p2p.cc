@@ -398,9 +398,7 @@ class P2pTransport : public Transport {
   const PeerInfo& peer(int r) const { return comm_.peers()[size_t(r)]; }
   bool sameProcess(int r) const { return peer(r).pid == me().pid && peer(r).pidNs == me().pidNs; }
   // The peer's rank runs on this rank's GPU (same host, same bus id).
-  bool sameGpu(int r) const {
-    return peer(r).hostHash == me().hostHash && strcmp(peer(r).busId, me().busId) == 0;
-  }
+  bool sameGpu(int r) const { return tutti::sameGpu(peer(r), me()); }
 
   Status useDevice() const {
     if (cudaError_t e = cudaSetDevice(comm_.cudaDev()); e != cudaSuccess)
@@ -413,7 +411,9 @@ class P2pTransport : public Transport {
   // NCCL_P2P_DISABLE in its PeerInfo), and carried to the sender.
   bool deviceModeWith(int r) const {
     if (p2pDisabled_ || peer(r).device.p2pDisabled) return false;
-    if (strcmp(peer(r).busId, me().busId) == 0) return true;
+    // One bus id: the same GPU, or two MIG instances of it, which reach each other only
+    // through host memory (no IPC or peer access between instances).
+    if (strcmp(peer(r).busId, me().busId) == 0) return tutti::sameGpu(peer(r), me());
     const int other = deviceOfBus(peer(r).busId);
     if (other < 0 && !warnedInvisible_) {
       warnedInvisible_ = true;  // once per communicator: every peer's GPU is alike, as a rule
