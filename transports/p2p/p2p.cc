@@ -397,7 +397,7 @@ class P2pTransport : public Transport {
   const PeerInfo& me() const { return comm_.peers()[size_t(comm_.rank())]; }
   const PeerInfo& peer(int r) const { return comm_.peers()[size_t(r)]; }
   bool sameProcess(int r) const { return peer(r).pid == me().pid && peer(r).pidNs == me().pidNs; }
-  // The peer's rank runs on this rank's GPU (same host, same bus id).
+  // The peer's rank runs on this rank's GPU (same host, bus id and UUID: tutti::sameGpu).
   bool sameGpu(int r) const { return tutti::sameGpu(peer(r), me()); }
 
   Status useDevice() const {
