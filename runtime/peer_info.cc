@@ -98,8 +98,15 @@ int machineCpus(const PeerInfo* peers, size_t n, uint64_t machineHash) {
 }
 
 bool sameGpu(const PeerInfo& a, const PeerInfo& b) {
-  return a.cudaDev >= 0 && b.cudaDev >= 0 && a.hostHash == b.hostHash &&
-         strcmp(a.busId, b.busId) == 0 && memcmp(a.gpuUuid, b.gpuUuid, sizeof(a.gpuUuid)) == 0;
+  if (a.cudaDev < 0 || b.cudaDev < 0 || a.hostHash != b.hostHash || strcmp(a.busId, b.busId) != 0)
+    return false;
+  // Unknown on either side: the bus id alone, as before UUIDs were compared. Counting two ranks
+  // of one GPU as two GPUs would let them take more blocks than can be resident together.
+  static const unsigned char kUnknown[sizeof(a.gpuUuid)] = {};
+  if (memcmp(a.gpuUuid, kUnknown, sizeof kUnknown) == 0 ||
+      memcmp(b.gpuUuid, kUnknown, sizeof kUnknown) == 0)
+    return true;
+  return memcmp(a.gpuUuid, b.gpuUuid, sizeof(a.gpuUuid)) == 0;
 }
 
 DeviceSettings deviceSettingsFromEnv() {

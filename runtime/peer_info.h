@@ -32,9 +32,9 @@ struct PeerInfo {
   int64_t pid;
   int32_t cpus;         // hardware threads this process may run on
   int32_t bootIdKnown;  // 1 when machineHash comes from a boot id (0: it tells nothing)
-  uint64_t pidNs;
+  uint64_t pidNs;       // pid namespace inode: pids mean the same thing only within one
   // The running kernel (boot id): ranks that share CPUs even across namespaces.
-  uint64_t machineHash;       // pid namespace inode: pids mean the same thing only within one
+  uint64_t machineHash;
   uint64_t hostHash;          // equal for ranks that can share memory directly
   char busId[24];             // PCI bus id of cudaDev, "" for CPU ranks
   unsigned char gpuUuid[16];  // cudaDev's UUID (a MIG instance's own), zeros for CPU ranks
@@ -50,13 +50,13 @@ static_assert(std::is_trivially_copyable_v<PeerInfo>);
 // Ok, or which setting differs between which two GPU ranks (CPU ranks plan no kernels).
 Status checkDeviceSettingsAgree(const PeerInfo* peers, size_t n);
 
+// Whether two ranks use one GPU (the same MIG instance, under MIG): both GPU ranks on one host
+// with the same bus id and UUID (a UUID that could not be read, all zeros, is not compared).
+bool sameGpu(const PeerInfo& a, const PeerInfo& b);
+
 // Hash of host name, boot id and network namespace, or of NCCL_HOSTID when set. Ranks in
 // different network namespaces count as different hosts: that is how tests stand in for a
 // cluster on one machine, and a namespace boundary usually is a container boundary too.
-// Whether two ranks use one GPU (the same MIG instance, under MIG): both GPU ranks on one host
-// with the same bus id and UUID.
-bool sameGpu(const PeerInfo& a, const PeerInfo& b);
-
 uint64_t localHostHash();
 uint64_t localMachineHash();
 std::string localHostname();

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,9 @@ TEST(PeerInfo, SameGpuMeansTheSameBusIdAndUuidOnOneHost) {
   EXPECT_TRUE(tutti::sameGpu(a, b));
   b.gpuUuid[15] = 1;  // another MIG instance of the same GPU
   EXPECT_FALSE(tutti::sameGpu(a, b));
+  PeerInfo unknown = b;  // a UUID that could not be read: the bus id alone decides
+  memset(unknown.gpuUuid, 0, sizeof(unknown.gpuUuid));
+  EXPECT_TRUE(tutti::sameGpu(a, unknown));
   b.gpuUuid[15] = 0;
   b.hostHash = 8;  // another host
   EXPECT_FALSE(tutti::sameGpu(a, b));
