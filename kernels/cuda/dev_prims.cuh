@@ -480,20 +480,14 @@ struct LLPrims : PrimsBase<T, F> {
     const uint32_t rflag = kRecv ? llFlag(B::recvStep_) : 0;
     bool stop = false;
     for (int i = threadIdx.x; i < lines; i += blockDim.x) {
-      const int valid = int(bytes - size_t(i) * 8 < 8 ? bytes - size_t(i) * 8 : 8);
+      const int valid = validAt(bytes, i);
       uint64_t a = 0, mine = 0;
       if (inp) mine = load8(reinterpret_cast<const char*>(inp) + size_t(i) * 8, valid);
       if (kRecv) {
-        uint64_t since = 0;
-        int spins = 0;
-        while (!loadLine(rline + size_t(i) * 16, rflag, &a)) {
-          spinPause();
-          if (++spins == kSpinsPerCheck) {
-            spins = 0;
-            if ((stop = ctx.mustStop(rc, &since))) break;
-          }
+        if (!waitLine(rline + size_t(i) * 16, rflag, &a)) {
+          stop = true;
+          break;
         }
-        if (stop) break;
         // Cleared once read (it is this rank's own memory): a line keeps no flag that a step
         // 2^32 later could mistake for its own.
         storeLine(rline + size_t(i) * 16, 0, 0);
