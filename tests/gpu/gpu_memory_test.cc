@@ -49,6 +49,25 @@ struct TwoRanks {
     }
     return ncclGroupEnd();
   }
+  // In one group, each rank sends its buffer of `from` to the other in messages of `piece`
+  // floats, and receives the other's into its buffer of `to`: the group's result, or the first
+  // call's failure.
+  ncclResult_t exchangeInPieces(RankBuffers& from, RankBuffers& to, size_t piece) {
+    if (ncclResult_t e = ncclGroupStart(); e != ncclSuccess) return e;
+    for (size_t at = 0; at < from.count; at += piece) {
+      for (int r = 0; r < 2; ++r) {
+        ncclResult_t e =
+            ncclSend(from.bufs[size_t(r)] + at, piece, ncclFloat, 1 - r, comms[r], streams[r]);
+        if (e == ncclSuccess)
+          e = ncclRecv(to.bufs[size_t(r)] + at, piece, ncclFloat, 1 - r, comms[r], streams[r]);
+        if (e != ncclSuccess) {
+          ncclGroupEnd();
+          return e;
+        }
+      }
+    }
+    return ncclGroupEnd();
+  }
   ~TwoRanks() {
     for (ncclComm_t c : comms) {
       if (c) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
@@ -247,19 +266,8 @@ TEST(GpuValidation, ManySendsInOneGroupRunAndTooManyAreRefused) {
     b.fill(r, float(r + 1), t.streams[r]);
     c.fill(r, -1.0f, t.streams[r]);
   }
-  constexpr size_t kPiece = 32;  // 32 messages of 32 floats: the whole buffer
-  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  for (size_t m = 0; m < 1024 / kPiece; ++m) {
-    for (int r = 0; r < 2; ++r) {
-      ASSERT_EQ(ncclSend(b.bufs[size_t(r)] + m * kPiece, kPiece, ncclFloat, 1 - r, t.comms[r],
-                         t.streams[r]),
-                ncclSuccess);
-      ASSERT_EQ(ncclRecv(c.bufs[size_t(r)] + m * kPiece, kPiece, ncclFloat, 1 - r, t.comms[r],
-                         t.streams[r]),
-                ncclSuccess);
-    }
-  }
-  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  // 32 messages of 32 floats each way: the whole buffer.
+  ASSERT_EQ(t.exchangeInPieces(b, c, 32), ncclSuccess) << ncclGetLastError(nullptr);
   EXPECT_EQ(c.check(0, 2.0f, t.streams[0]), "");
   EXPECT_EQ(c.check(1, 1.0f, t.streams[1]), "");
 
@@ -285,18 +293,7 @@ TEST(GpuValidation, ManySendsNeedingMoreResidentBlocksThanTheCapAreRefused) {
   TwoRanks t;
   RankBuffers b(2, 1024), c(2, 1024);
   for (int r = 0; r < 2; ++r) b.fill(r, float(r + 1), t.streams[r]);
-  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  for (size_t m = 0; m < 32; ++m) {
-    for (int r = 0; r < 2; ++r) {
-      ASSERT_EQ(
-          ncclSend(b.bufs[size_t(r)] + m * 32, 32, ncclFloat, 1 - r, t.comms[r], t.streams[r]),
-          ncclSuccess);
-      ASSERT_EQ(
-          ncclRecv(c.bufs[size_t(r)] + m * 32, 32, ncclFloat, 1 - r, t.comms[r], t.streams[r]),
-          ncclSuccess);
-    }
-  }
-  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  EXPECT_EQ(t.exchangeInPieces(b, c, 32), ncclInvalidUsage);
   EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("need 2 blocks"), std::string::npos)
       << ncclGetLastError(nullptr);
   ASSERT_EQ(t.allReduce(b), ncclSuccess) << ncclGetLastError(nullptr);
