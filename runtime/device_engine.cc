@@ -51,12 +51,11 @@ int ranksPerDevice(const Comm& comm) {
 }  // namespace
 
 DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
-  const int shared = ranksPerDevice(comm);
-  shared_ = shared;
+  shared_ = ranksPerDevice(comm);
   // Ranks sharing a GPU each hold their blocks for a whole kernel while they wait for the
   // others: keep the total within half of what one GPU runs at once (132 SMs on an H100,
   // one block of 512 threads each). Below that, more channels means more SMs moving bytes.
-  const int cap = std::max(1, 64 / shared);
+  const int cap = std::max(1, 64 / shared_);
   // The planner's settings as this rank told the others at init (they must agree: prepare()
   // refuses every operation where they do not).
   const DeviceSettings& d = comm.peers()[size_t(comm.rank())].device;
