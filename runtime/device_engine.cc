@@ -249,6 +249,8 @@ Status DeviceEngine::init() {
                            " needed");
     }
   }
+  // Found now, with the kernels loaded: every group of sends and receives is planned within it.
+  TUTTI_TRY(p2pBlockCap().status());
   if (!links_) links_ = std::make_unique<Links>(comm_, Links::Kind::kDevice);
   if (!watch_) watchPeers();
   if (siblings_ > 0) {
@@ -345,6 +347,15 @@ Status DeviceEngine::kernelError() const {
       return remoteError(where + " was aborted (ncclCommAbort) while waiting for rank " +
                          std::to_string(e->peer));
     case dev::kErrTimeout:
+      if (e->kind == dev::kSend || e->kind == dev::kRecv) {
+        return timeoutError(
+            where + " waited more than " + std::to_string(int64_t(timeoutS_)) + " s for rank " +
+            std::to_string(e->peer) + " (TUTTI_TIMEOUT): did it post the matching " +
+            (e->kind == dev::kSend ? "receive" : "send") +
+            ", in a group that matches this one? (A group's sends and receives may share blocks, "
+            "past what the GPU holds at once for the ranks sharing it, and then run in an order "
+            "that needs each peer's matching operations in the group it runs at the same time.)");
+      }
       return timeoutError(where + " waited more than " + std::to_string(int64_t(timeoutS_)) +
                           " s for rank " + std::to_string(e->peer) +
                           " (TUTTI_TIMEOUT): did every rank call the same collectives?");
@@ -377,24 +388,37 @@ Status DeviceEngine::kernelError() const {
 Result<int> DeviceEngine::p2pBlockCap() {
   if (const int c = p2pCap_.load(std::memory_order_acquire); c > 0) return c;
   if (const int64_t forced = env::getInt("TUTTI_P2P_MAX_BLOCKS", 0); forced > 0) {
-    p2pCap_.store(int(std::min<int64_t>(forced, dev::kMaxP2pOps)), std::memory_order_release);
-    return p2pCap_.load(std::memory_order_acquire);
+    // At least 2: a group that sends and receives needs a block for each direction.
+    const int cap = int(std::clamp<int64_t>(forced, 2, dev::kMaxP2pOps));
+    p2pCap_.store(cap, std::memory_order_release);
+    TUTTI_INFO(log::kInit,
+               "rank %d: sends and receives of one group take at most %d blocks "
+               "(TUTTI_P2P_MAX_BLOCKS)",
+               comm_.rank(), cap);
+    return cap;
   }
   DeviceGuard guard(comm_.cudaDev());
-  // May run before init(), in a stream capture: the occupancy query may load the module.
+  // In init(), which may run inside a stream capture: the occupancy query may load the module.
   CaptureModeRelaxed relaxed;
-  int sms = 0;
-  TUTTI_TRY(
-      cudaCheck("cudaDeviceGetAttribute (multiprocessors)",
-                cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm_.cudaDev())));
-  int perSm = 0;
+  int sms = 0, perSm = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm_.cudaDev());
   for (const void* k :
        {dev::kernelFor(1 /* ncclUint8 */, dev::kFnSum, dev::kSimple), dev::p2pManyKernel()}) {
-    if (!k) continue;
+    if (!k || e != cudaSuccess) continue;
     int b = 0;
-    TUTTI_TRY(cudaCheck("cudaOccupancyMaxActiveBlocksPerMultiprocessor",
-                        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, dev::kThreads, 0)));
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, dev::kThreads, 0);
     perSm = perSm == 0 ? b : std::min(perSm, b);
+  }
+  if (e != cudaSuccess) {
+    // Not worth failing every GPU operation for: the collectives' own budget (64 blocks in all
+    // for the ranks sharing a GPU) is known to fit. (The guard clears CUDA's last error.)
+    const int cap = std::max(2, 64 / shared_);
+    p2pCap_.store(cap, std::memory_order_release);
+    TUTTI_WARN(
+        "rank %d: finding how many blocks GPU %d holds at once failed (%s): sends and "
+        "receives of one group take at most %d",
+        comm_.rank(), comm_.cudaDev(), cudaGetErrorString(e), cap);
+    return cap;
   }
   const int cap = std::max(2, std::max(sms, 1) * std::max(perSm, 1) / shared_);
   p2pCap_.store(cap, std::memory_order_release);
@@ -471,7 +495,7 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   cfg.maxChannels = maxChannels_;
   cfg.llMaxBytes = llMaxBytes_;
   cfg.gatherMaxBytes = gatherMaxBytes_;
-  cfg.maxP2pBlocks = p2pCap_.load(std::memory_order_acquire);  // 0 until found: no cap
+  cfg.maxP2pBlocks = p2pCap_.load(std::memory_order_acquire);  // found by init()
   cfg.channelBytes = channelBytes_;
   cfg.proto = proto_;
   cfg.connectAllChannels = true;

@@ -70,11 +70,11 @@ class DeviceEngine {
   // Whether the GPU ranks agree on the planner's settings (checkDeviceSettingsAgree): group.cc
   // refuses device operations before anything runs where they do not.
   const Status& settingsAgree() const { return settingsAgree_; }
-  // Blocks a group of more than dev::kMaxOps sends and receives to other ranks may take on this
-  // rank (one per peer and direction): the ranks sharing a GPU may each run such a kernel at
-  // once, and their blocks wait for each other, so all must be resident together. What the GPU
-  // holds at once (SMs x blocks per SM of the send/receive kernels), shared among them;
-  // TUTTI_P2P_MAX_BLOCKS overrides it. Found at the first call, then kept.
+  // Blocks a group of sends and receives may take on this rank (one per peer and direction, or
+  // fewer, each running several pairs: devplan::plan): the ranks sharing a GPU may each run such
+  // a kernel at once, and their blocks wait for each other, so all must be resident together.
+  // What the GPU holds at once (SMs x blocks per SM of the send/receive kernels), shared among
+  // them; TUTTI_P2P_MAX_BLOCKS overrides it. Found by init(), then kept.
   Result<int> p2pBlockCap();
 
  private:

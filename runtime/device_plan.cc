@@ -179,11 +179,11 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
   }
   for (Launch& l : out->launches) fillChannels(cfg, link, &l.work, l.blocks);
 
-  // Sends and receives: one launch, a block per (peer, direction) so that all progress at
-  // once, and ops on one FIFO run in order on its block; sends to itself meet receives from
-  // itself as copies.
+  // Sends and receives: one launch; sends to itself meet receives from itself as copies.
   Launch l{1, dev::kFnSum, dev::kSimple, 0, dev::DevWork{}, {}};
-  std::vector<std::pair<int, int>> blocks;  // (peer, kind) per block
+  std::vector<dev::DevOp> p2ps;
+  std::vector<std::pair<int, int>> pairs;  // (peer, kind): ops on one FIFO, in call order
+  std::vector<size_t> pairOf;              // each of p2ps's pair
   std::vector<const CollArgs*> selfSends, selfRecvs;
   for (size_t i = 0; i < nops; ++i) {
     const CollArgs& op = ops[i];
@@ -192,14 +192,15 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
       (op.kind == CollKind::kSend ? selfSends : selfRecvs).push_back(&op);
       continue;
     }
-    if (l.work.nops + int(l.more.size()) == dev::kMaxP2pOps) {
+    if (p2ps.size() == size_t(dev::kMaxP2pOps)) {
       return invalidUsage("rank " + std::to_string(r) + ": a group of more than " +
                           std::to_string(dev::kMaxP2pOps) +
                           " sends and receives on GPU buffers is not supported yet");
     }
     const std::pair<int, int> key{op.root, static_cast<int>(op.kind)};
-    auto it = std::find(blocks.begin(), blocks.end(), key);
-    if (it == blocks.end()) it = blocks.insert(blocks.end(), key);
+    auto it = std::find(pairs.begin(), pairs.end(), key);
+    if (it == pairs.end()) it = pairs.insert(pairs.end(), key);
+    pairOf.push_back(size_t(it - pairs.begin()));
     const transport::FifoView* f = link(op.root, 0, op.kind == CollKind::kSend);
     if (!f) return internalError("device plan: no link to rank " + std::to_string(op.root));
     dev::DevOp d;
@@ -208,10 +209,63 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     d.send = op.send;
     d.recv = op.recv;
     d.count = op.count * dtypeSize(op.dtype);
-    d.block = int(it - blocks.begin());
     d.conn = devConn(f);
     d.chunk = f->slotBytes;
     d.seq = nextSeq();
+    p2ps.push_back(d);
+  }
+  // Blocks. Each (peer, direction) is one block's, which runs that FIFO's operations in call
+  // order. Where there are more pairs than cfg.maxP2pBlocks (what can be resident at once for
+  // each rank sharing the GPU: their blocks wait for each other), a block runs several pairs one
+  // after another, and that cannot deadlock if every block (1) only sends or only receives and
+  // (2) takes its pairs in the order of their round d, the distance from sender to receiver
+  // round the ranks ((peer - rank) mod n for a send, (rank - peer) mod n for a receive): both
+  // ends of a pair see the same d. A block waiting at round d waits for its partner, at round d
+  // on the peer; if that peer's block is not there yet, it is at a smaller round (a block that
+  // only sends, or only receives, holds one pair per round), and so on down: the blocked
+  // operation of the smallest round always has its partner running. (A block that sent and
+  // received could wait in a cycle of sends at one round, every FIFO full; the call order of
+  // each rank's own could hold any cycle.) Every rank decides alone, from its own ops.
+  // That holds where each operation's partner is in the peer's launch that runs at the same
+  // time: ranks group matching sends and receives alike. A rank whose partner sits in a later
+  // group of the peer's (which waits for the peer's current one) adds a wait the rounds do not
+  // order, and a folded block may then wait in a cycle until TUTTI_TIMEOUT where a block per
+  // pair would not (NCCL leaves such groupings undefined too; its own schedule goes by the
+  // same distance). The timeout's message says so (DeviceEngine::kernelError).
+  const auto roundOf = [&](size_t p) {
+    const int peer = pairs[p].first;
+    return pairs[p].second == int(CollKind::kSend) ? (peer - r + n) % n : (r - peer + n) % n;
+  };
+  std::vector<size_t> sendPairs, recvPairs;
+  for (size_t p = 0; p < pairs.size(); ++p)
+    (pairs[p].second == int(CollKind::kSend) ? sendPairs : recvPairs).push_back(p);
+  const auto byRound = [&](size_t a, size_t b) { return roundOf(a) < roundOf(b); };
+  std::sort(sendPairs.begin(), sendPairs.end(), byRound);
+  std::sort(recvPairs.begin(), recvPairs.end(), byRound);
+  const int ns = int(sendPairs.size()), nr = int(recvPairs.size());
+  int sendBlocks = ns, recvBlocks = nr;
+  if (cfg.maxP2pBlocks > 0 && ns + nr > cfg.maxP2pBlocks) {
+    const int cap = std::max(cfg.maxP2pBlocks, int(ns > 0) + int(nr > 0));  // a direction each
+    sendBlocks = ns == 0   ? 0
+                 : nr == 0 ? cap
+                           : std::clamp((cap * ns + (ns + nr) / 2) / (ns + nr), 1, cap - 1);
+    recvBlocks = std::min(nr, cap - sendBlocks);
+    sendBlocks = std::min(ns, sendBlocks);
+  }
+  std::vector<int> blockOf(pairs.size()), roundOfPair(pairs.size());
+  for (int i = 0; i < ns; ++i) blockOf[sendPairs[size_t(i)]] = i % std::max(sendBlocks, 1);
+  for (int i = 0; i < nr; ++i)
+    blockOf[recvPairs[size_t(i)]] = sendBlocks + i % std::max(recvBlocks, 1);
+  for (size_t p = 0; p < pairs.size(); ++p) roundOfPair[p] = roundOf(p);
+  // The kernel runs its operations in list order, each on its block: by round, call order kept.
+  std::vector<size_t> order(p2ps.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return roundOfPair[pairOf[a]] < roundOfPair[pairOf[b]];
+  });
+  for (size_t i : order) {
+    dev::DevOp& d = p2ps[i];
+    d.block = blockOf[pairOf[i]];
     if (l.work.nops < dev::kMaxOps) {
       l.work.ops[l.work.nops++] = d;
     } else {
@@ -232,16 +286,8 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     }
     out->copies.push_back({selfSends[i]->send, selfRecvs[i]->recv, s, out->launches.size()});
   }
-  if (!l.more.empty() && cfg.maxP2pBlocks > 0 && int(blocks.size()) > cfg.maxP2pBlocks) {
-    return invalidUsage(
-        "rank " + std::to_string(r) +
-        ": this group's sends and receives on GPU "
-        "buffers need " +
-        std::to_string(blocks.size()) + " blocks (one per peer and direction), more than the " +
-        std::to_string(cfg.maxP2pBlocks) + " that may be resident for each rank sharing its GPU");
-  }
   if (l.work.nops > 0) {
-    l.blocks = int(blocks.size());
+    l.blocks = sendBlocks + recvBlocks;
     fillChannels(cfg, link, &l.work, 0);
     out->launches.push_back(l);
   }

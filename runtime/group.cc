@@ -185,15 +185,12 @@ Status checkCaptures(const Batch& b) {
   return Status::Ok();
 }
 
-// A kernel's work holds up to dev::kMaxP2pOps sends and receives to other ranks (its blocks
-// run them all at once). More in one group is refused before anything runs, so the
-// communicator stays usable (the planner's own check comes after its links connect, and
-// breaks it).
-// Each (peer, direction) takes a block, and every rank sharing the GPU may run such a kernel at
-// once: past kMaxOps operations (p2pManyKernel), more blocks than DeviceEngine::p2pBlockCap
-// could leave the ranks' kernels waiting on blocks that cannot become resident, so that is
-// refused here too. Like the count, it is this rank's own verdict: where the ranks' groups
-// differ (a gather's root), a peer that goes on waits for the refused rank until TUTTI_TIMEOUT.
+// A kernel's work holds up to dev::kMaxP2pOps sends and receives to other ranks. More in one
+// group is refused before anything runs, so the communicator stays usable (the planner's own
+// check comes after its links connect, and breaks it). It is this rank's own verdict: where the
+// ranks' groups differ (a gather's root), a peer that goes on waits for the refused rank until
+// TUTTI_TIMEOUT. (The blocks they take need no check: the planner fits them to what can be
+// resident, DeviceEngine::p2pBlockCap.)
 Status checkSendRecvs(Comm* comm, const CollArgs* ops, size_t n) {
   // GPU ranks that read different planner settings would plan kernels that do not meet: every
   // rank finds that alike, from the peer table, and refuses.
@@ -205,36 +202,18 @@ Status checkSendRecvs(Comm* comm, const CollArgs* ops, size_t n) {
     }
   }
   size_t count = 0;
-  std::vector<std::pair<int, CollKind>> blocks;
   for (size_t i = 0; i < n; ++i) {
     const CollArgs& op = ops[i];
-    if (!op.device || (op.kind != CollKind::kSend && op.kind != CollKind::kRecv) ||
-        op.root == comm->rank())
-      continue;
-    ++count;
-    const std::pair<int, CollKind> key{op.root, op.kind};
-    if (std::find(blocks.begin(), blocks.end(), key) == blocks.end()) blocks.push_back(key);
+    count += op.device && (op.kind == CollKind::kSend || op.kind == CollKind::kRecv) &&
+             op.root != comm->rank();
   }
-  // Built only to refuse: this runs for every operation on GPU buffers.
-  auto who = [comm] { return "rank " + std::to_string(comm->rank()) + ": "; };
   if (count > static_cast<size_t>(dev::kMaxP2pOps)) {
-    return invalidUsage(who() + std::to_string(count) +
+    return invalidUsage("rank " + std::to_string(comm->rank()) + ": " + std::to_string(count) +
                         " sends and receives on GPU buffers to other ranks in one group (an "
                         "ncclAlltoAll, ncclGather or ncclScatter counts one per rank): at most " +
                         std::to_string(dev::kMaxP2pOps) + " are supported yet; nothing ran");
   }
-  // Up to one kernel's kMaxOps, as before the cap: groups that ran keep running.
-  if (count <= static_cast<size_t>(dev::kMaxOps)) return Status::Ok();
-  Result<int> cap = comm->deviceEngine().p2pBlockCap();
-  if (!cap.ok()) return cap.status().withContext(who() + "sizing a group of sends and receives");
-  if (blocks.size() <= static_cast<size_t>(cap.value())) return Status::Ok();
-  return invalidUsage(who() + "this group's sends and receives on GPU buffers need " +
-                      std::to_string(blocks.size()) +
-                      " blocks (one per peer and direction), and the ranks that share this "
-                      "GPU may each have only " +
-                      std::to_string(cap.value()) +
-                      " resident at once (they wait for each other's): split it into smaller "
-                      "groups; nothing ran");
+  return Status::Ok();
 }
 
 // Host buffers on a GPU rank: the CPU engine runs them as the group runs, after the work the

@@ -1,8 +1,10 @@
 // What the host hands a device kernel: plain structs, the same bytes on both sides (this
 // header is compiled by the host compiler and by nvcc). One launch carries up to kMaxOps
 // operations of one communicator; a collective runs on blocks 0..nch-1 (block c = channel c),
-// a point-to-point operation on a block of its own, so that every send and receive of a
-// group progresses at once whatever order the ranks issued them in.
+// a point-to-point operation on the block the host gave it: one per (peer, direction), so that
+// every send and receive of a group progresses at once whatever order the ranks issued them
+// in, or, past what the GPU holds for each rank sharing it, several pairs to a block in an
+// order every rank shares (devplan::plan).
 #pragma once
 
 #include <stddef.h>

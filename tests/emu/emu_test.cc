@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,6 +83,7 @@ struct EmuComm {
   };
   std::vector<std::unique_ptr<RankState>> ranks;
   uint64_t timeoutNs = 60ull * 1000000000ull;
+  std::atomic<int> mostP2pBlocks{0};  // the most blocks a launch of sends and receives took
 
   explicit EmuComm(int n, int proto = -1) : n(n) {
     cfg.nranks = n;
@@ -124,6 +127,12 @@ struct EmuComm {
       l.work.err = &st.err;
       l.work.errClaim = &st.claim;
       l.work.timeoutNs = timeoutNs;
+      if (l.work.nops > 0 &&
+          (l.work.ops[0].kind == dev::kSend || l.work.ops[0].kind == dev::kRecv)) {
+        int most = mostP2pBlocks.load();
+        while (l.blocks > most && !mostP2pBlocks.compare_exchange_weak(most, l.blocks)) {
+        }
+      }
       if (l.more.empty()) {
         emuLaunch(l.dtype, l.fn, l.proto, unsigned(l.blocks), kThreadsPerBlock, &l.work);
       } else {
@@ -406,16 +415,6 @@ TEST(EmuSteps, ManySendsAndReceivesInOneGroup) {
   for (int m = 0; m < kRecvs; ++m)
     EXPECT_EQ(out0[size_t(m)], std::vector<float>(count(m), float(100 + m))) << "message " << m;
 
-  // Past kMaxOps, blocks beyond the cap for ranks that share a GPU (DeviceEngine::p2pBlockCap)
-  // are refused: 9 sends to rank 1 and 9 receives from it take two.
-  comm.cfg.maxP2pBlocks = 1;
-  std::vector<float> y(4, 0.0f), z(4);
-  std::vector<CollArgs> capped(9, args(CollKind::kSend, y.data(), nullptr, 4, ncclFloat, 1));
-  capped.insert(capped.end(), 9, args(CollKind::kRecv, nullptr, z.data(), 4, ncclFloat, 1));
-  EXPECT_NE(comm.run(0, capped).find("need 2 blocks (one per peer and direction), more than the 1"),
-            std::string::npos);
-  comm.cfg.maxP2pBlocks = 0;
-
   // 65 to other ranks: refused before any kernel runs.
   std::vector<float> x(4);
   std::vector<CollArgs> tooMany(65, args(CollKind::kSend, x.data(), nullptr, 4, ncclFloat, 1));
@@ -454,6 +453,75 @@ TEST(EmuSteps, AnAllToAllOfTwelveRanks) {
     }
   });
   for (const std::string& b : bad) ADD_FAILURE() << b;
+}
+
+// Ranks sharing a GPU may each have only so many blocks resident (DeviceEngine::p2pBlockCap):
+// past that, a block runs several (peer, direction) pairs in turn, each block only sending or
+// only receiving, its pairs in the order of their distance round the ranks. 9 ranks, each
+// sending 2 messages to every rank (itself included) and receiving 2 from each, all in an
+// order of its own (shuffled per rank, each pair's two in turn), the second message on each
+// pair past the FIFO's 8 slots (it must wait for its receiver); with at most 2, 3 and 5 blocks
+// a rank (1 takes 2: a block for each direction) and with no cap. A block that both sent and
+// received, or took its pairs in each rank's call order, deadlocks here (tried: the kernels
+// then give up at the deadline).
+TEST(EmuSteps, SendsAndReceivesFoldedIntoFewBlocksComplete) {
+  constexpr int n = 9;
+  auto count = [](int from, int to, int m) {  // floats; 256 per 1 KiB slot
+    return m == 0 ? size_t(1 + 97 * ((from * 5 + to) % 7))
+                  : size_t(2600 + 700 * ((from + 2 * to) % 5));
+  };
+  auto value = [](int from, int to, int m, size_t i) {
+    return float(10000 * from + 100 * to + 10 * m) + float(i % 9);
+  };
+  for (int cap : {1, 2, 3, 5, 0}) {
+    EmuComm comm(n);
+    comm.cfg.maxP2pBlocks = cap;
+    comm.timeoutNs = 20ull * 1000000000ull;
+    std::mutex mu;
+    std::vector<std::string> bad;
+    onThreads(n, [&](int r) {
+      std::vector<std::vector<float>> in(size_t(2 * n)), out(size_t(2 * n));
+      std::vector<CollArgs> ops;
+      for (int q = 0; q < n; ++q) {
+        for (int m = 0; m < 2; ++m) {
+          std::vector<float>& i = in[size_t(2 * q + m)];
+          i.resize(count(r, q, m));
+          for (size_t k = 0; k < i.size(); ++k) i[k] = value(r, q, m, k);
+          out[size_t(2 * q + m)].assign(count(q, r, m), -1.0f);
+        }
+      }
+      // Every (peer, direction) twice, shuffled: its first turn takes message 0, its second 1.
+      std::vector<int> turns;
+      for (int q = 0; q < n; ++q) turns.insert(turns.end(), {2 * q, 2 * q, 2 * q + 1, 2 * q + 1});
+      std::shuffle(turns.begin(), turns.end(), std::mt19937(unsigned(77 + 13 * r + cap)));
+      std::vector<int> taken(size_t(2 * n), 0);
+      for (int t : turns) {
+        const int q = t / 2, m = taken[size_t(t)]++;
+        if (t % 2 == 0) {
+          std::vector<float>& i = in[size_t(2 * q + m)];
+          ops.push_back(args(CollKind::kSend, i.data(), nullptr, i.size(), ncclFloat, q));
+        } else {
+          std::vector<float>& o = out[size_t(2 * q + m)];
+          ops.push_back(args(CollKind::kRecv, nullptr, o.data(), o.size(), ncclFloat, q));
+        }
+      }
+      std::string e = comm.run(r, ops);
+      for (int q = 0; q < n && e.empty(); ++q)
+        for (int m = 0; m < 2 && e.empty(); ++m)
+          for (size_t k = 0; k < count(q, r, m) && e.empty(); ++k)
+            if (out[size_t(2 * q + m)][k] != value(q, r, m, k))
+              e = "message " + std::to_string(m) + " from rank " + std::to_string(q) +
+                  ", element " + std::to_string(k);
+      if (!e.empty()) {
+        std::lock_guard<std::mutex> lock(mu);
+        bad.push_back("rank " + std::to_string(r) + ": " + e);
+        for (auto& st : comm.ranks) __atomic_store_n(&st->abort, 1u, __ATOMIC_RELEASE);
+      }
+    });
+    for (const std::string& b : bad) ADD_FAILURE() << "cap " << cap << ": " << b;
+    // 16 pairs a rank: within the cap where there is one (at least 2), else a block each.
+    EXPECT_EQ(comm.mostP2pBlocks.load(), cap > 0 ? std::max(cap, 2) : 2 * (n - 1)) << "cap " << cap;
+  }
 }
 
 // A receiver that expects another message than the sender sends fails with the sizes, on

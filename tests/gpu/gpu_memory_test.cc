@@ -8,11 +8,13 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -282,22 +284,108 @@ TEST(GpuValidation, ManySendsInOneGroupRunAndTooManyAreRefused) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(b.check(r, 3.0f, t.streams[r]), "");
 }
 
-// Past 16 sends and receives, a group may take only the blocks that can be resident at once for
-// each rank sharing the GPU (DeviceEngine::p2pBlockCap; TUTTI_P2P_MAX_BLOCKS forces it here to
-// 1, where each rank needs 2): refused at ncclGroupEnd before anything runs, naming the
-// numbers, and the ranks go on.
-TEST(GpuValidation, ManySendsNeedingMoreResidentBlocksThanTheCapAreRefused) {
+// Ranks sharing a GPU may each have only the blocks that can be resident at once
+// (DeviceEngine::p2pBlockCap; TUTTI_P2P_MAX_BLOCKS forces 3 here): past that, a block runs
+// several (peer, direction) pairs in turn, only sending or only receiving, by distance round the
+// ranks (devplan::plan). 6 ranks on the one GPU, one thread's group: each rank sends 2 messages
+// to every rank (itself included) and receives 2 from each, in an order of its own; with 1 KiB
+// slots (NCCL_BUFFSIZE) each pair's second message is past the FIFO's 8 slots, so senders wait
+// for their receivers. Every message must arrive whole, and later collectives run.
+TEST(GpuValidation, SendsAndReceivesPastTheResidentBlockCapShareBlocksAndComplete) {
   SKIP_WITHOUT_GPU();
+  constexpr int n = 6;
   ScopedEnv timeout("TUTTI_TIMEOUT", "30");
-  ScopedEnv cap("TUTTI_P2P_MAX_BLOCKS", "1");
-  TwoRanks t;
-  RankBuffers b(2, 1024), c(2, 1024);
-  for (int r = 0; r < 2; ++r) b.fill(r, float(r + 1), t.streams[r]);
-  EXPECT_EQ(t.exchangeInPieces(b, c, 32), ncclInvalidUsage);
-  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("need 2 blocks"), std::string::npos)
-      << ncclGetLastError(nullptr);
-  ASSERT_EQ(t.allReduce(b), ncclSuccess) << ncclGetLastError(nullptr);
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(b.check(r, 3.0f, t.streams[r]), "");
+  ScopedEnv cap("TUTTI_P2P_MAX_BLOCKS", "3");
+  ScopedEnv buff("NCCL_BUFFSIZE", "8192");
+  auto count = [](int from, int to, int m) {  // floats
+    return m == 0 ? size_t(1 + 97 * ((from * 5 + to) % 7))
+                  : size_t(2600 + 700 * ((from + 2 * to) % 5));
+  };
+  auto value = [](int from, int to, int m, size_t i) {
+    return float(10000 * from + 100 * to + 10 * m) + float(i % 9);
+  };
+  ncclComm_t comms[n];
+  int devs[n] = {};
+  ASSERT_EQ(ncclCommInitAll(comms, n, devs), ncclSuccess) << ncclGetLastError(nullptr);
+  cudaStream_t streams[n];
+  // Per rank, per (peer, message): device input and output.
+  std::vector<float*> in(size_t(n * n * 2)), out(size_t(n * n * 2));
+  auto at = [](int r, int q, int m) { return size_t((r * n + q) * 2 + m); };
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking), cudaSuccess);
+    for (int q = 0; q < n; ++q) {
+      for (int m = 0; m < 2; ++m) {
+        std::vector<float> h(count(r, q, m));
+        for (size_t k = 0; k < h.size(); ++k) h[k] = value(r, q, m, k);
+        ASSERT_EQ(cudaMalloc(&in[at(r, q, m)], h.size() * 4), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(in[at(r, q, m)], h.data(), h.size() * 4, cudaMemcpyHostToDevice),
+                  cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&out[at(r, q, m)], count(q, r, m) * 4), cudaSuccess);
+        ASSERT_EQ(cudaMemset(out[at(r, q, m)], 0xff, count(q, r, m) * 4), cudaSuccess);
+      }
+    }
+  }
+  // Each group's calls checked with EXPECT: the group is always ended, whatever failed.
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    // Every (peer, direction) twice, shuffled: its first turn takes message 0, its second 1.
+    std::vector<int> turns;
+    for (int q = 0; q < n; ++q) turns.insert(turns.end(), {2 * q, 2 * q, 2 * q + 1, 2 * q + 1});
+    std::shuffle(turns.begin(), turns.end(), std::mt19937(unsigned(5 + 11 * r)));
+    std::vector<int> taken(size_t(2 * n), 0);
+    for (int t : turns) {
+      const int q = t / 2, m = taken[size_t(t)]++;
+      const ncclResult_t res =
+          t % 2 == 0
+              ? ncclSend(in[at(r, q, m)], count(r, q, m), ncclFloat, q, comms[r], streams[r])
+              : ncclRecv(out[at(r, q, m)], count(q, r, m), ncclFloat, q, comms[r], streams[r]);
+      EXPECT_EQ(res, ncclSuccess) << ncclGetLastError(nullptr);
+    }
+  }
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  std::string first;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
+    ncclResult_t async = ncclSuccess;
+    EXPECT_EQ(ncclCommGetAsyncError(comms[r], &async), ncclSuccess);
+    EXPECT_EQ(async, ncclSuccess) << "rank " << r << ": " << ncclGetLastError(comms[r]);
+    for (int q = 0; q < n && first.empty(); ++q) {
+      for (int m = 0; m < 2 && first.empty(); ++m) {
+        std::vector<float> h(count(q, r, m));
+        EXPECT_EQ(cudaMemcpy(h.data(), out[at(r, q, m)], h.size() * 4, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        for (size_t k = 0; k < h.size() && first.empty(); ++k) {
+          if (h[k] != value(q, r, m, k)) {
+            first = "rank " + std::to_string(r) + ", message " + std::to_string(m) + " from rank " +
+                    std::to_string(q) + ", element " + std::to_string(k);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(first, "");
+  // The communicators go on: an all-reduce of every rank's first input's first float.
+  EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(ncclAllReduce(in[at(r, 0, 0)], out[at(r, 0, 0)], 1, ncclFloat, ncclSum, comms[r],
+                            streams[r]),
+              ncclSuccess);
+  }
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  float want = 0;
+  for (int r = 0; r < n; ++r) want += value(r, 0, 0, 0);
+  for (int r = 0; r < n; ++r) {
+    float got = 0;
+    EXPECT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(&got, out[at(r, 0, 0)], 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(got, want) << "rank " << r;
+  }
+  for (float* p : in) cudaFree(p);
+  for (float* p : out) cudaFree(p);
+  for (int r = 0; r < n; ++r) {
+    cudaStreamDestroy(streams[r]);
+    EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
+  }
 }
 
 // The gathered LL all-reduce (dev::kAlgoGather) on the GPU: 4 ranks on the one GPU, driven by one
