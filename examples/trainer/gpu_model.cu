@@ -482,7 +482,11 @@ class CudaModel : public GpuModel {
       rc = ncclAllReduce(g, g, b.count, ncclFloat32, ncclAvg, comm_, ms_);
     }
     if (rc != ncclSuccess) return nccl(rc, "ncclAllReduce of a gradient bucket", error);
-    return ok(cudaGetLastError(), "the bf16 conversion kernels", error) &&
+    // (A launch error of an earlier backward kernel would show here too: hence both named.)
+    return ok(cudaGetLastError(),
+              wireType_ == ncclBfloat16 ? "the backward or bf16 conversion kernels"
+                                        : "the backward kernels",
+              error) &&
            ok(cudaEventRecord(bucketEnd_[index], ms_), "cudaEventRecord", error);
   }
 

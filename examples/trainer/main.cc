@@ -168,6 +168,7 @@ int main(int argc, char** argv) {
   if (o.device == "cuda") {  // made current before the communicator, which takes it
     const char* lr = getenv("LOCAL_RANK");
     if (!lr) lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!lr) lr = getenv("MPI_LOCALRANKID");  // MPICH's Hydra (PMI), as tuttiCommInitFromEnv
     if (!lr) lr = getenv("SLURM_LOCALID");
     const int local = lr ? atoi(lr) : 0;
     if (std::string err; !trainer::selectGpu(local, &err)) {

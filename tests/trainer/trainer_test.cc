@@ -6,10 +6,13 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <regex>
 #include <thread>
 
@@ -47,7 +50,12 @@ Options quiet() {
 }
 
 // Trains on n ranks as threads; every rank's result, in rank order. --device cuda puts rank r
-// on GPU r % count (several ranks share a GPU where there are fewer).
+// on GPU r % count (several ranks share a GPU where there are fewer). A rank that fails where
+// the others cannot hear of it (a CUDA error in mid-step) would leave them waiting inside a
+// collective until TUTTI_TIMEOUT, past the test's own limit, its message never shown: once a
+// rank has failed, the others get 20 s to finish (ranks that each fail by themselves, as the
+// bad set-ups below, take milliseconds), then every communicator is aborted, as tutti-train
+// --threads does at once.
 std::vector<TrainResult> runRanks(int n, const Options& o, const Dataset* d = &data()) {
   std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
   std::vector<int> devs(static_cast<size_t>(n), -1);
@@ -56,12 +64,37 @@ std::vector<TrainResult> runRanks(int n, const Options& o, const Dataset* d = &d
   EXPECT_EQ(ncclCommInitAll(comms.data(), n, devs.data()), ncclSuccess)
       << ncclGetLastError(nullptr);
   std::vector<TrainResult> out(static_cast<size_t>(n));
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0, firstFailed = -1;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] { out[size_t(r)] = train(comms[size_t(r)], o, d); });
+    threads.emplace_back([&, r] {
+      TrainResult res = train(comms[size_t(r)], o, d);
+      std::lock_guard<std::mutex> lock(mu);
+      if (!res.ok && firstFailed < 0) firstFailed = r;
+      out[size_t(r)] = std::move(res);
+      ++finished;
+      cv.notify_all();
+    });
+  }
+  bool aborted = false;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return finished == n || firstFailed >= 0; });
+    if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return finished == n; })) {
+      ADD_FAILURE() << "rank " << firstFailed << " failed (" << out[size_t(firstFailed)].error
+                    << ") and the others did not finish within 20 s: aborting them";
+      aborted = true;
+    }
+  }
+  if (aborted) {
+    for (auto c : comms) ncclCommAbort(c);  // safe beside the ranks' own calls
   }
   for (auto& t : threads) t.join();
-  for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  if (!aborted) {
+    for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  }
   return out;
 }
 
@@ -503,9 +536,13 @@ Options onGpu() {
   return o;
 }
 
+// The GPU half computes what the CPU half does: parameters, momentum, and the epoch's losses
+// and test accuracy (its sums are kept on the GPU). A weight decay 100 times the default's,
+// so that one applied wrongly moves the parameters past the tolerance.
 TEST(TrainerGpu, OneRankOnTheGpuFollowsTheCpuRun) {
   SKIP_WITHOUT_TRAINER_GPU();
   Options o = onGpu();
+  o.weight_decay = 0.05;
   std::vector<TrainResult> gpu = runRanks(1, o);
   o.device = "cpu";
   std::vector<TrainResult> cpu = runRanks(1, o);
@@ -516,6 +553,13 @@ TEST(TrainerGpu, OneRankOnTheGpuFollowsTheCpuRun) {
   EXPECT_LT(relativeDiff(cpu[0].momentum, gpu[0].momentum,
                          std::vector<float>(cpu[0].momentum.size(), 0.0f)),
             kRelTol);
+  ASSERT_EQ(gpu[0].epochs.size(), 1u);
+  ASSERT_EQ(cpu[0].epochs.size(), 1u);
+  const EpochStats &g = gpu[0].epochs[0], &c = cpu[0].epochs[0];
+  EXPECT_NEAR(g.train_loss, c.train_loss, 1e-3 * c.train_loss);
+  EXPECT_NEAR(g.train_acc, c.train_acc, 2.0 / 256);  // 4 x 64 samples
+  EXPECT_NEAR(g.test_loss, c.test_loss, 1e-3 * c.test_loss);
+  EXPECT_NEAR(g.test_acc, c.test_acc, 2.0 / 500);  // a sample or two on a knife's edge
 }
 
 class TrainerGpuRanks : public ::testing::TestWithParam<int> {};
