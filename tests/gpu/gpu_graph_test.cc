@@ -79,6 +79,7 @@ TEST(GpuGraphs, ReplaysAndEagerCallsOnAnotherStreamTakeTurns) {
     if (ncclAllReduce(c.bufs[ri], d.bufs[ri], kCount, ncclFloat, ncclSum, comm, e) != ncclSuccess)
       return fail(std::string("eager: ") + ncclGetLastError(comm));
     cudaStreamSynchronize(e);
+    d.fill(r, -1.0f, e);  // the eager calls between the replays must write it again
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     if (cudaStreamBeginCapture(g, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
@@ -138,6 +139,7 @@ TEST_P(GpuGraphBranches, TwoBranchesOfOneCaptureTakeTurns) {
     if (ncclAllReduce(a.bufs[ri], b.bufs[ri], kCount, ncclFloat, ncclSum, comm, g) != ncclSuccess)
       return fail(std::string("eager: ") + ncclGetLastError(comm));
     cudaStreamSynchronize(g);
+    b.fill(r, -1.0f, g);  // the replays' first branch must write it again
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     if (cudaStreamBeginCapture(g, cudaStreamCaptureModeThreadLocal) != cudaSuccess)

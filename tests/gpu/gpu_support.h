@@ -6,10 +6,13 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <initializer_list>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -26,6 +29,43 @@ inline std::string noGpuReason() {
   }
   return n > 0 ? "" : "no CUDA device";
 }
+
+// Holds streams at a host function until open(), or until `limit` has passed (so that a test in
+// which something waits for the held stream after all ends, and can say so: released()).
+class StreamGate {
+ public:
+  explicit StreamGate(std::chrono::seconds limit)
+      : safety_([this, limit] {
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait_for(lock, limit, [this] { return opened_; });
+          released_ = true;
+        }) {}
+  ~StreamGate() {
+    open();
+    safety_.join();
+  }
+  cudaError_t hold(cudaStream_t s) { return cudaLaunchHostFunc(s, wait, &released_); }
+  // Before open(): true only where the limit let the streams go.
+  bool released() const { return released_.load(); }
+  void open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      opened_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  static void wait(void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool opened_ = false;
+  std::atomic<bool> released_{false};
+  std::thread safety_;  // last: it uses the members above
+};
 
 // All rank threads meet here before going on.
 class ThreadBarrier {

@@ -149,7 +149,7 @@ TEST(GpuStreams, FourRanksSharingOneStreamInOneGroupComplete) {
     for (int r = 0; r < n; ++r) b.fill(r, float(r + 1), stream);
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r) {
-      ASSERT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], count, ncclFloat, ncclSum,
+      EXPECT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], count, ncclFloat, ncclSum,
                               comms[r], stream),
                 ncclSuccess);
     }
@@ -294,7 +294,7 @@ TEST(GpuStreams, TheDefaultStreamOrdersCopiesAndCollectives) {
     }
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r) {
-      ASSERT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], kCount, ncclFloat, ncclSum,
+      EXPECT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], kCount, ncclFloat, ncclSum,
                               comms[r], nullptr),
                 ncclSuccess);
     }
@@ -369,7 +369,7 @@ TEST(GpuStreams, RanksOnTheDefaultStreamAndABlockingStreamInOneGroupComplete) {
   for (int round = 0; round < 3; ++round) {
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r) {
-      ASSERT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], b.count, ncclFloat, ncclSum,
+      EXPECT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], b.count, ncclFloat, ncclSum,
                               comms[r], streams[r]),
                 ncclSuccess);
     }
