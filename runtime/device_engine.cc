@@ -540,17 +540,22 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
     l.work.err = errDev_;
     l.work.errClaim = errClaim_;
     l.work.timeoutNs = timeoutS_ > 0 ? uint64_t(timeoutS_ * 1e9) : 0;
-    for (size_t j = 0; j < size_t(l.work.nops) + l.more.size(); ++j) {
-      const dev::DevOp& d =
-          j < size_t(l.work.nops) ? l.work.ops[j] : l.more[j - size_t(l.work.nops)];
+    if (!log::enabled(log::Level::kInfo, log::kColl)) continue;
+    // In call order (opCount): a launch of sends and receives lists them by round.
+    std::vector<const dev::DevOp*> ops;
+    for (int j = 0; j < l.work.nops; ++j) ops.push_back(&l.work.ops[j]);
+    for (const dev::DevOp& d : l.more) ops.push_back(&d);
+    std::sort(ops.begin(), ops.end(),
+              [](const dev::DevOp* a, const dev::DevOp* b) { return a->seq < b->seq; });
+    for (const dev::DevOp* d : ops) {
       TUTTI_INFO(log::kColl,
                  "%s: opCount %llx sendbuff %p recvbuff %p count %llu root %d comm %p "
                  "[nranks=%d] nchannels %d proto %s%s (GPU %d)",
-                 collKindName(static_cast<CollKind>(d.kind)),
-                 static_cast<unsigned long long>(d.seq), d.send, d.recv,
-                 static_cast<unsigned long long>(d.count), d.root, static_cast<void*>(&comm_),
-                 comm_.nranks(), d.nch, l.proto == dev::kLL ? "LL" : "Simple",
-                 d.algo == dev::kAlgoGather ? " algo gather" : "", comm_.cudaDev());
+                 collKindName(static_cast<CollKind>(d->kind)),
+                 static_cast<unsigned long long>(d->seq), d->send, d->recv,
+                 static_cast<unsigned long long>(d->count), d->root, static_cast<void*>(&comm_),
+                 comm_.nranks(), d->nch, l.proto == dev::kLL ? "LL" : "Simple",
+                 d->algo == dev::kAlgoGather ? " algo gather" : "", comm_.cudaDev());
     }
   }
   return Status::Ok();
