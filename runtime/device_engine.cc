@@ -36,8 +36,12 @@ namespace tutti {
 
 namespace {
 
-// Below this many bytes per channel another block costs more than it gains.
-// Every rank derives this from the shared peer table, so all agree on channel counts.
+// Blocks the collectives of the ranks sharing a GPU take in all (channels per rank are this
+// divided among them): half of what one GPU runs at once (132 SMs on an H100, a block each).
+constexpr int kSharedGpuBlocks = 64;
+
+// The most ranks on one GPU. Every rank derives this from the shared peer table, so all agree
+// on channel counts.
 int ranksPerDevice(const Comm& comm) {
   int most = 1;
   for (const PeerInfo& p : comm.peers()) {
@@ -55,7 +59,7 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
   // Ranks sharing a GPU each hold their blocks for a whole kernel while they wait for the
   // others: keep the total within half of what one GPU runs at once (132 SMs on an H100,
   // one block of 512 threads each). Below that, more channels means more SMs moving bytes.
-  const int cap = std::max(1, 64 / shared_);
+  const int cap = std::max(1, kSharedGpuBlocks / shared_);
   // The planner's settings as this rank told the others at init (they must agree: prepare()
   // refuses every operation where they do not).
   const DeviceSettings& d = comm.peers()[size_t(comm.rank())].device;
@@ -250,7 +254,7 @@ Status DeviceEngine::init() {
     }
   }
   // Found now, with the kernels loaded: every group of sends and receives is planned within it.
-  TUTTI_TRY(p2pBlockCap().status());
+  findP2pBlockCap();
   if (!links_) links_ = std::make_unique<Links>(comm_, Links::Kind::kDevice);
   if (!watch_) watchPeers();
   if (siblings_ > 0) {
@@ -346,19 +350,18 @@ Status DeviceEngine::kernelError() const {
     case dev::kErrAborted:
       return remoteError(where + " was aborted (ncclCommAbort) while waiting for rank " +
                          std::to_string(e->peer));
-    case dev::kErrTimeout:
-      if (e->kind == dev::kSend || e->kind == dev::kRecv) {
-        return timeoutError(
-            where + " waited more than " + std::to_string(int64_t(timeoutS_)) + " s for rank " +
-            std::to_string(e->peer) + " (TUTTI_TIMEOUT): did it post the matching " +
-            (e->kind == dev::kSend ? "receive" : "send") +
-            ", in a group that matches this one? (A group's sends and receives may share blocks, "
-            "past what the GPU holds at once for the ranks sharing it, and then run in an order "
-            "that needs each peer's matching operations in the group it runs at the same time.)");
+    case dev::kErrTimeout: {
+      const std::string waited = where + " waited more than " + std::to_string(int64_t(timeoutS_)) +
+                                 " s for rank " + std::to_string(e->peer) + " (TUTTI_TIMEOUT): ";
+      if (e->kind != dev::kSend && e->kind != dev::kRecv) {
+        return timeoutError(waited + "did every rank call the same collectives?");
       }
-      return timeoutError(where + " waited more than " + std::to_string(int64_t(timeoutS_)) +
-                          " s for rank " + std::to_string(e->peer) +
-                          " (TUTTI_TIMEOUT): did every rank call the same collectives?");
+      return timeoutError(
+          waited + "did it post the matching " + (e->kind == dev::kSend ? "receive" : "send") +
+          ", in a group that matches this one? (A group's sends and receives may share blocks, "
+          "past what the GPU holds at once for the ranks sharing it, and then run in an order "
+          "that needs each peer's matching operations in the group it runs at the same time.)");
+    }
     case dev::kErrSize: {
       auto slot = [](uint64_t w) {
         return std::to_string(w & dev::kSizeMask) + " bytes" +
@@ -385,48 +388,44 @@ Status DeviceEngine::kernelError() const {
   }
 }
 
-Result<int> DeviceEngine::p2pBlockCap() {
-  if (const int c = p2pCap_.load(std::memory_order_acquire); c > 0) return c;
+void DeviceEngine::findP2pBlockCap() {
+  if (p2pCap_.load(std::memory_order_acquire) > 0) return;
+  int cap = 0;
+  std::string why;
   if (const int64_t forced = env::getInt("TUTTI_P2P_MAX_BLOCKS", 0); forced > 0) {
     // At least 2: a group that sends and receives needs a block for each direction.
-    const int cap = int(std::clamp<int64_t>(forced, 2, dev::kMaxP2pOps));
-    p2pCap_.store(cap, std::memory_order_release);
-    TUTTI_INFO(log::kInit,
-               "rank %d: sends and receives of one group take at most %d blocks "
-               "(TUTTI_P2P_MAX_BLOCKS)",
-               comm_.rank(), cap);
-    return cap;
+    cap = int(std::clamp<int64_t>(forced, 2, dev::kMaxP2pOps));
+    why = "TUTTI_P2P_MAX_BLOCKS";
+  } else {
+    DeviceGuard guard(comm_.cudaDev());  // it also clears CUDA's last error of a failed query
+    // In init(), which may run inside a stream capture: the query may load the module.
+    CaptureModeRelaxed relaxed;
+    int sms = 0, perSm = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm_.cudaDev());
+    for (const void* k :
+         {dev::kernelFor(1 /* ncclUint8 */, dev::kFnSum, dev::kSimple), dev::p2pManyKernel()}) {
+      if (!k || e != cudaSuccess) continue;
+      int b = 0;
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, dev::kThreads, 0);
+      perSm = perSm == 0 ? b : std::min(perSm, b);
+    }
+    if (e == cudaSuccess) {
+      cap = std::max(2, std::max(sms, 1) * std::max(perSm, 1) / shared_);
+      why = std::to_string(sms) + " SMs x " + std::to_string(perSm) + " blocks each, " +
+            std::to_string(shared_) + " rank(s) on GPU " + std::to_string(comm_.cudaDev());
+    } else {
+      // Not worth failing every GPU operation for: the collectives' own share of the GPU.
+      cap = std::max(2, kSharedGpuBlocks / shared_);
+      TUTTI_WARN(
+          "rank %d: finding how many blocks GPU %d holds at once failed (%s): sends and "
+          "receives of one group take at most %d",
+          comm_.rank(), comm_.cudaDev(), cudaGetErrorString(e), cap);
+      why = "a guess";
+    }
   }
-  DeviceGuard guard(comm_.cudaDev());
-  // In init(), which may run inside a stream capture: the occupancy query may load the module.
-  CaptureModeRelaxed relaxed;
-  int sms = 0, perSm = 0;
-  cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm_.cudaDev());
-  for (const void* k :
-       {dev::kernelFor(1 /* ncclUint8 */, dev::kFnSum, dev::kSimple), dev::p2pManyKernel()}) {
-    if (!k || e != cudaSuccess) continue;
-    int b = 0;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, dev::kThreads, 0);
-    perSm = perSm == 0 ? b : std::min(perSm, b);
-  }
-  if (e != cudaSuccess) {
-    // Not worth failing every GPU operation for: the collectives' own budget (64 blocks in all
-    // for the ranks sharing a GPU) is known to fit. (The guard clears CUDA's last error.)
-    const int cap = std::max(2, 64 / shared_);
-    p2pCap_.store(cap, std::memory_order_release);
-    TUTTI_WARN(
-        "rank %d: finding how many blocks GPU %d holds at once failed (%s): sends and "
-        "receives of one group take at most %d",
-        comm_.rank(), comm_.cudaDev(), cudaGetErrorString(e), cap);
-    return cap;
-  }
-  const int cap = std::max(2, std::max(sms, 1) * std::max(perSm, 1) / shared_);
   p2pCap_.store(cap, std::memory_order_release);
-  TUTTI_INFO(log::kInit,
-             "rank %d: sends and receives of one group take at most %d blocks (%d SMs x %d "
-             "blocks each, %d rank(s) on GPU %d)",
-             comm_.rank(), cap, sms, perSm, shared_, comm_.cudaDev());
-  return cap;
+  TUTTI_INFO(log::kInit, "rank %d: sends and receives of one group take at most %d blocks (%s)",
+             comm_.rank(), cap, why.c_str());
 }
 
 Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {
@@ -495,7 +494,7 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   cfg.maxChannels = maxChannels_;
   cfg.llMaxBytes = llMaxBytes_;
   cfg.gatherMaxBytes = gatherMaxBytes_;
-  cfg.maxP2pBlocks = p2pCap_.load(std::memory_order_acquire);  // found by init()
+  cfg.maxP2pBlocks = p2pCap_.load(std::memory_order_acquire);  // init() found it
   cfg.channelBytes = channelBytes_;
   cfg.proto = proto_;
   cfg.connectAllChannels = true;
@@ -542,12 +541,12 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
     l.work.timeoutNs = timeoutS_ > 0 ? uint64_t(timeoutS_ * 1e9) : 0;
     if (!log::enabled(log::Level::kInfo, log::kColl)) continue;
     // In call order (opCount): a launch of sends and receives lists them by round.
-    std::vector<const dev::DevOp*> ops;
-    for (int j = 0; j < l.work.nops; ++j) ops.push_back(&l.work.ops[j]);
-    for (const dev::DevOp& d : l.more) ops.push_back(&d);
-    std::sort(ops.begin(), ops.end(),
+    std::vector<const dev::DevOp*> byCall;
+    for (int j = 0; j < l.work.nops; ++j) byCall.push_back(&l.work.ops[j]);
+    for (const dev::DevOp& d : l.more) byCall.push_back(&d);
+    std::sort(byCall.begin(), byCall.end(),
               [](const dev::DevOp* a, const dev::DevOp* b) { return a->seq < b->seq; });
-    for (const dev::DevOp* d : ops) {
+    for (const dev::DevOp* d : byCall) {
       TUTTI_INFO(log::kColl,
                  "%s: opCount %llx sendbuff %p recvbuff %p count %llu root %d comm %p "
                  "[nranks=%d] nchannels %d proto %s%s (GPU %d)",
@@ -562,8 +561,6 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
 }
 
 #else  // !TUTTI_HAVE_CUDA: no GPU buffers can reach here (validation finds none).
-
-Result<int> DeviceEngine::p2pBlockCap() { return dev::kMaxP2pOps; }
 
 DeviceEngine::DeviceEngine(Comm& comm)
     : comm_(comm),

@@ -70,12 +70,6 @@ class DeviceEngine {
   // Whether the GPU ranks agree on the planner's settings (checkDeviceSettingsAgree): group.cc
   // refuses device operations before anything runs where they do not.
   const Status& settingsAgree() const { return settingsAgree_; }
-  // Blocks a group of sends and receives may take on this rank (one per peer and direction, or
-  // fewer, each running several pairs: devplan::plan): the ranks sharing a GPU may each run such
-  // a kernel at once, and their blocks wait for each other, so all must be resident together.
-  // What the GPU holds at once (SMs x blocks per SM of the send/receive kernels), shared among
-  // them; TUTTI_P2P_MAX_BLOCKS overrides it. Found by init(), then kept.
-  Result<int> p2pBlockCap();
 
  private:
   Status init();
@@ -102,6 +96,8 @@ class DeviceEngine {
   Status markLaunched();
   // The own stream is in the capture (or none) of the caller's streams; else a clear refusal.
   Status checkOwnCapture() const;
+  // Sets p2pCap_ once.
+  void findP2pBlockCap();
 
   Comm& comm_;
   std::unique_ptr<Links> links_;
@@ -118,7 +114,12 @@ class DeviceEngine {
   int maxChannels_;
   Status settingsAgree_;  // checkDeviceSettingsAgree over the peers: prepare() refuses if not
   int shared_ = 1;  // the most ranks of this communicator on any one GPU (alike on every rank)
-  std::atomic<int> p2pCap_{0};  // p2pBlockCap(), once found
+  // Blocks a group of sends and receives may take on this rank (one per peer and direction, or
+  // fewer, each running several pairs: devplan::plan): the ranks sharing a GPU may each run such
+  // a kernel at once, and their blocks wait for each other, so all must be resident together.
+  // What the GPU holds at once (SMs x blocks per SM of the send/receive kernels), shared among
+  // them; TUTTI_P2P_MAX_BLOCKS overrides it (2 at least). Found by init() (findP2pBlockCap).
+  std::atomic<int> p2pCap_{0};
   size_t llMaxBytes_;
   size_t gatherMaxBytes_;  // TUTTI_LL_GATHER_MAX_BYTES (devplan::Config::gatherMaxBytes)
   size_t channelBytes_;

@@ -232,14 +232,15 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
   // order, and a folded block may then wait in a cycle until TUTTI_TIMEOUT where a block per
   // pair would not (NCCL leaves such groupings undefined too; its own schedule goes by the
   // same distance). The timeout's message says so (DeviceEngine::kernelError).
-  const auto roundOf = [&](size_t p) {
-    const int peer = pairs[p].first;
-    return pairs[p].second == int(CollKind::kSend) ? (peer - r + n) % n : (r - peer + n) % n;
-  };
+  std::vector<int> roundOf(pairs.size());
   std::vector<size_t> sendPairs, recvPairs;
-  for (size_t p = 0; p < pairs.size(); ++p)
-    (pairs[p].second == int(CollKind::kSend) ? sendPairs : recvPairs).push_back(p);
-  const auto byRound = [&](size_t a, size_t b) { return roundOf(a) < roundOf(b); };
+  for (size_t p = 0; p < pairs.size(); ++p) {
+    const int peer = pairs[p].first;
+    const bool sends = pairs[p].second == int(CollKind::kSend);
+    roundOf[p] = sends ? (peer - r + n) % n : (r - peer + n) % n;
+    (sends ? sendPairs : recvPairs).push_back(p);
+  }
+  const auto byRound = [&](size_t a, size_t b) { return roundOf[a] < roundOf[b]; };
   std::sort(sendPairs.begin(), sendPairs.end(), byRound);
   std::sort(recvPairs.begin(), recvPairs.end(), byRound);
   const int ns = int(sendPairs.size()), nr = int(recvPairs.size());
@@ -252,17 +253,15 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     recvBlocks = std::min(nr, cap - sendBlocks);
     sendBlocks = std::min(ns, sendBlocks);
   }
-  std::vector<int> blockOf(pairs.size()), roundOfPair(pairs.size());
+  std::vector<int> blockOf(pairs.size());
   for (int i = 0; i < ns; ++i) blockOf[sendPairs[size_t(i)]] = i % std::max(sendBlocks, 1);
   for (int i = 0; i < nr; ++i)
     blockOf[recvPairs[size_t(i)]] = sendBlocks + i % std::max(recvBlocks, 1);
-  for (size_t p = 0; p < pairs.size(); ++p) roundOfPair[p] = roundOf(p);
   // The kernel runs its operations in list order, each on its block: by round, call order kept.
   std::vector<size_t> order(p2ps.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return roundOfPair[pairOf[a]] < roundOfPair[pairOf[b]];
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return roundOf[pairOf[a]] < roundOf[pairOf[b]]; });
   for (size_t i : order) {
     dev::DevOp& d = p2ps[i];
     d.block = blockOf[pairOf[i]];

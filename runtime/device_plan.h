@@ -25,7 +25,7 @@ struct Config {
   // An LL AllReduce of at most this many bytes that fits one LL step, on 2 to kSteps + 1
   // ranks, runs as dev::kAlgoGather (0: never).
   size_t gatherMaxBytes = 4 << 10;
-  // Blocks a group's sends and receives to other ranks may take (DeviceEngine::p2pBlockCap):
+  // Blocks a group's sends and receives to other ranks may take (DeviceEngine::findP2pBlockCap):
   // past it, a block runs several (peer, direction) pairs in turn; 0: a block per pair.
   int maxP2pBlocks = 0;
   size_t channelBytes = 512 << 10;     // another channel per this many bytes

@@ -190,7 +190,7 @@ Status checkCaptures(const Batch& b) {
 // check comes after its links connect, and breaks it). It is this rank's own verdict: where the
 // ranks' groups differ (a gather's root), a peer that goes on waits for the refused rank until
 // TUTTI_TIMEOUT. (The blocks they take need no check: the planner fits them to what can be
-// resident, DeviceEngine::p2pBlockCap.)
+// resident, DeviceEngine::findP2pBlockCap.)
 Status checkSendRecvs(Comm* comm, const CollArgs* ops, size_t n) {
   // GPU ranks that read different planner settings would plan kernels that do not meet: every
   // rank finds that alike, from the peer table, and refuses.

@@ -455,7 +455,7 @@ TEST(EmuSteps, AnAllToAllOfTwelveRanks) {
   for (const std::string& b : bad) ADD_FAILURE() << b;
 }
 
-// Ranks sharing a GPU may each have only so many blocks resident (DeviceEngine::p2pBlockCap):
+// Ranks sharing a GPU may each have only so many blocks resident (DeviceEngine::findP2pBlockCap):
 // past that, a block runs several (peer, direction) pairs in turn, each block only sending or
 // only receiving, its pairs in the order of their distance round the ranks. 9 ranks, each
 // sending 2 messages to every rank (itself included) and receiving 2 from each, all in an

@@ -9,11 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -304,7 +301,7 @@ TEST(GpuValidation, ManySendsInOneGroupRunAndTooManyAreRefused) {
 }
 
 // Ranks sharing a GPU may each have only the blocks that can be resident at once
-// (DeviceEngine::p2pBlockCap; TUTTI_P2P_MAX_BLOCKS forces 3 here): past that, a block runs
+// (DeviceEngine::findP2pBlockCap; TUTTI_P2P_MAX_BLOCKS forces 3 here): past that, a block runs
 // several (peer, direction) pairs in turn, only sending or only receiving, by distance round the
 // ranks (devplan::plan). 6 ranks on the one GPU, one thread's group: each rank sends 2 messages
 // to every rank (itself included) and receives 2 from each, in an order of its own; with 1 KiB

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <initializer_list>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -31,22 +32,30 @@ inline std::string noGpuReason() {
 }
 
 // Holds streams at a host function until open(), or until `limit` has passed (so that a test in
-// which something waits for the held stream after all ends, and can say so: released()).
+// which something waits for the held stream after all ends, and can say so: released()). The
+// flag lives on the heap, shared with each held stream's host function: one may still be
+// polling it (or not have started) when a failed test destroys the gate.
 class StreamGate {
  public:
+  using Flag = std::shared_ptr<std::atomic<bool>>;
   explicit StreamGate(std::chrono::seconds limit)
       : safety_([this, limit] {
           std::unique_lock<std::mutex> lock(mu_);
           cv_.wait_for(lock, limit, [this] { return opened_; });
-          released_ = true;
+          released_->store(true);
         }) {}
   ~StreamGate() {
     open();
     safety_.join();
   }
-  cudaError_t hold(cudaStream_t s) { return cudaLaunchHostFunc(s, wait, &released_); }
+  cudaError_t hold(cudaStream_t s) {
+    auto* mine = new Flag(released_);
+    const cudaError_t e = cudaLaunchHostFunc(s, wait, mine);
+    if (e != cudaSuccess) delete mine;
+    return e;
+  }
   // Before open(): true only where the limit let the streams go.
-  bool released() const { return released_.load(); }
+  bool released() const { return released_->load(); }
   void open() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -56,14 +65,14 @@ class StreamGate {
   }
 
  private:
-  static void wait(void* flag) {
-    while (!static_cast<std::atomic<bool>*>(flag)->load())
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  static void wait(void* p) {
+    std::unique_ptr<Flag> flag(static_cast<Flag*>(p));
+    while (!(*flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   std::mutex mu_;
   std::condition_variable cv_;
   bool opened_ = false;
-  std::atomic<bool> released_{false};
+  Flag released_ = std::make_shared<std::atomic<bool>>(false);
   std::thread safety_;  // last: it uses the members above
 };
 
