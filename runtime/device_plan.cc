@@ -110,6 +110,33 @@ bool usesRing(const Config& cfg, const CollArgs* ops, size_t nops) {
   return false;
 }
 
+Status checkP2pRounds(int rank, int nranks, const CollArgs* ops, size_t nops) {
+  size_t total = 0;
+  for (size_t i = 0; i < nops; ++i) total += p2p(ops[i].kind) && ops[i].root != rank;
+  if (total <= size_t(dev::kMaxP2pOps)) return Status::Ok();  // the common case: no counting
+  std::vector<int> sends(size_t(nranks), 0), recvs(size_t(nranks), 0);
+  for (size_t i = 0; i < nops; ++i) {
+    const CollArgs& op = ops[i];
+    if (!p2p(op.kind) || op.root == rank) continue;
+    if (op.kind == CollKind::kSend) {
+      ++sends[size_t((op.root - rank + nranks) % nranks)];
+    } else {
+      ++recvs[size_t((rank - op.root + nranks) % nranks)];
+    }
+  }
+  for (int d = 1; d < nranks; ++d) {
+    const int s = sends[size_t(d)], v = recvs[size_t(d)];
+    if (s + v <= dev::kMaxP2pOps) continue;
+    return invalidUsage(
+        "rank " + std::to_string(rank) + ": " + std::to_string(s) + " sends to rank " +
+        std::to_string((rank + d) % nranks) + " and " + std::to_string(v) + " receives from rank " +
+        std::to_string((rank - d + nranks) % nranks) + " in one group on GPU buffers (the peers " +
+        std::to_string(d) + " apart round the ranks, whose operations run together): at most " +
+        std::to_string(dev::kMaxP2pOps) + " are supported yet");
+  }
+  return Status::Ok();
+}
+
 Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& link,
             const std::function<uint64_t()>& nextSeq, Plan* out) {
   const int n = cfg.nranks, r = cfg.rank;
@@ -179,8 +206,10 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
   }
   for (Launch& l : out->launches) fillChannels(cfg, link, &l.work, l.blocks);
 
-  // Sends and receives: one launch; sends to itself meet receives from itself as copies.
-  Launch l{1, dev::kFnSum, dev::kSimple, 0, dev::DevWork{}, {}};
+  // Sends and receives: launches of their own; sends to itself meet receives from itself as
+  // copies, made before them.
+  TUTTI_TRY(checkP2pRounds(r, n, ops, nops));
+  std::vector<Launch> p2pLaunches;
   std::vector<dev::DevOp> p2ps;
   std::vector<std::pair<int, int>> pairs;  // (peer, kind): ops on one FIFO, in call order
   std::vector<size_t> pairOf;              // each of p2ps's pair
@@ -191,11 +220,6 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     if (op.root == r) {
       (op.kind == CollKind::kSend ? selfSends : selfRecvs).push_back(&op);
       continue;
-    }
-    if (p2ps.size() == size_t(dev::kMaxP2pOps)) {
-      return invalidUsage("rank " + std::to_string(r) + ": a group of more than " +
-                          std::to_string(dev::kMaxP2pOps) +
-                          " sends and receives on GPU buffers is not supported yet");
     }
     const std::pair<int, int> key{op.root, static_cast<int>(op.kind)};
     auto it = std::find(pairs.begin(), pairs.end(), key);
@@ -232,44 +256,71 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
   // order, and a folded block may then wait in a cycle until TUTTI_TIMEOUT where a block per
   // pair would not (NCCL leaves such groupings undefined too; its own schedule goes by the
   // same distance). The timeout's message says so (DeviceEngine::kernelError).
+  // Launches of whole rounds, at most dev::kMaxP2pOps operations each, in the order of their
+  // rounds: a launch's operations wait only for partners of their own rounds, which sit in the
+  // peer's launch of those rounds, and every earlier round is done everywhere before the
+  // smallest one left runs, so the reasoning above holds launch by launch. (A round split
+  // between two launches could have its sends in one and its receives in the next, on every
+  // rank: each waits for the other.) A round of more than kMaxP2pOps is refused.
   std::vector<int> roundOf(pairs.size());
-  std::vector<size_t> sendPairs, recvPairs;
   for (size_t p = 0; p < pairs.size(); ++p) {
     const int peer = pairs[p].first;
-    const bool sends = pairs[p].second == int(CollKind::kSend);
-    roundOf[p] = sends ? (peer - r + n) % n : (r - peer + n) % n;
-    (sends ? sendPairs : recvPairs).push_back(p);
+    roundOf[p] = pairs[p].second == int(CollKind::kSend) ? (peer - r + n) % n : (r - peer + n) % n;
   }
-  const auto byRound = [&](size_t a, size_t b) { return roundOf[a] < roundOf[b]; };
-  std::sort(sendPairs.begin(), sendPairs.end(), byRound);
-  std::sort(recvPairs.begin(), recvPairs.end(), byRound);
-  const int ns = int(sendPairs.size()), nr = int(recvPairs.size());
-  int sendBlocks = ns, recvBlocks = nr;
-  if (cfg.maxP2pBlocks > 0 && ns + nr > cfg.maxP2pBlocks) {
-    const int cap = std::max(cfg.maxP2pBlocks, int(ns > 0) + int(nr > 0));  // a direction each
-    sendBlocks = ns == 0   ? 0
-                 : nr == 0 ? cap
-                           : std::clamp((cap * ns + (ns + nr) / 2) / (ns + nr), 1, cap - 1);
-    recvBlocks = std::min(nr, cap - sendBlocks);
-    sendBlocks = std::min(ns, sendBlocks);
-  }
-  std::vector<int> blockOf(pairs.size());
-  for (int i = 0; i < ns; ++i) blockOf[sendPairs[size_t(i)]] = i % std::max(sendBlocks, 1);
-  for (int i = 0; i < nr; ++i)
-    blockOf[recvPairs[size_t(i)]] = sendBlocks + i % std::max(recvBlocks, 1);
-  // The kernel runs its operations in list order, each on its block: by round, call order kept.
+  // By round, call order kept within each pair (the kernel runs a block's operations in list
+  // order).
   std::vector<size_t> order(p2ps.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return roundOf[pairOf[a]] < roundOf[pairOf[b]]; });
-  for (size_t i : order) {
-    dev::DevOp& d = p2ps[i];
-    d.block = blockOf[pairOf[i]];
-    if (l.work.nops < dev::kMaxOps) {
-      l.work.ops[l.work.nops++] = d;
-    } else {
-      l.more.push_back(d);
+  for (size_t begin = 0; begin < order.size();) {
+    // This launch: whole rounds while they fit.
+    size_t end = begin;
+    while (end < order.size()) {
+      size_t next = end;
+      const int round = roundOf[pairOf[order[end]]];
+      while (next < order.size() && roundOf[pairOf[order[next]]] == round) ++next;
+      if (next - end > size_t(dev::kMaxP2pOps)) {  // checkP2pRounds, above, refused it
+        return internalError("device plan: a round of more than kMaxP2pOps sends and receives");
+      }
+      if (next - begin > size_t(dev::kMaxP2pOps)) break;
+      end = next;
     }
+    // Its pairs, each direction by round (the order of `order`).
+    std::vector<size_t> sendPairs, recvPairs;
+    std::vector<int> blockOf(pairs.size(), -1);
+    for (size_t k = begin; k < end; ++k) {
+      const size_t p = pairOf[order[k]];
+      if (blockOf[p] >= 0) continue;
+      blockOf[p] = 0;
+      (pairs[p].second == int(CollKind::kSend) ? sendPairs : recvPairs).push_back(p);
+    }
+    const int ns = int(sendPairs.size()), nr = int(recvPairs.size());
+    int sendBlocks = ns, recvBlocks = nr;
+    if (cfg.maxP2pBlocks > 0 && ns + nr > cfg.maxP2pBlocks) {
+      const int cap = std::max(cfg.maxP2pBlocks, int(ns > 0) + int(nr > 0));  // a direction each
+      sendBlocks = ns == 0   ? 0
+                   : nr == 0 ? cap
+                             : std::clamp((cap * ns + (ns + nr) / 2) / (ns + nr), 1, cap - 1);
+      recvBlocks = std::min(nr, cap - sendBlocks);
+      sendBlocks = std::min(ns, sendBlocks);
+    }
+    for (int i = 0; i < ns; ++i) blockOf[sendPairs[size_t(i)]] = i % std::max(sendBlocks, 1);
+    for (int i = 0; i < nr; ++i)
+      blockOf[recvPairs[size_t(i)]] = sendBlocks + i % std::max(recvBlocks, 1);
+    Launch l{1, dev::kFnSum, dev::kSimple, sendBlocks + recvBlocks, dev::DevWork{}, {}};
+    for (size_t k = begin; k < end; ++k) {
+      dev::DevOp& d = p2ps[order[k]];
+      d.block = blockOf[pairOf[order[k]]];
+      if (l.work.nops < dev::kMaxOps) {
+        l.work.ops[l.work.nops++] = d;
+      } else {
+        l.more.push_back(d);
+      }
+    }
+    fillChannels(cfg, link, &l.work, 0);
+    p2pLaunches.push_back(std::move(l));
+    begin = end;
   }
   if (selfSends.size() != selfRecvs.size()) {
     return invalidUsage("rank " + std::to_string(r) + ": " + std::to_string(selfSends.size()) +
@@ -285,11 +336,7 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     }
     out->copies.push_back({selfSends[i]->send, selfRecvs[i]->recv, s, out->launches.size()});
   }
-  if (l.work.nops > 0) {
-    l.blocks = sendBlocks + recvBlocks;
-    fillChannels(cfg, link, &l.work, 0);
-    out->launches.push_back(l);
-  }
+  for (Launch& pl : p2pLaunches) out->launches.push_back(std::move(pl));
   return Status::Ok();
 }
 

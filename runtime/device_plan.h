@@ -67,6 +67,11 @@ std::vector<LinkNeed> linkNeeds(const Config& cfg, const CollArgs* ops, size_t n
 // Whether the operations include a collective that uses ring links (every rank has one).
 bool usesRing(const Config& cfg, const CollArgs* ops, size_t n);
 
+// A group's sends and receives to other ranks run by round (the ranks d apart: a send to
+// rank + d, a receive from rank - d), in launches of whole rounds of at most dev::kMaxP2pOps
+// operations: a round of more is refused, naming its peers. ops are all on GPU buffers.
+Status checkP2pRounds(int rank, int nranks, const CollArgs* ops, size_t n);
+
 // link(peer, channel, send): the FIFO end, made beforehand from linkNeeds(). nextSeq numbers
 // the operations (the communicator's opCount).
 using LinkFn = std::function<const transport::FifoView*(int peer, int channel, bool send)>;

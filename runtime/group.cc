@@ -10,6 +10,7 @@
 #include "runtime/comm.h"
 #include "runtime/cuda_shim.h"
 #include "runtime/device_engine.h"
+#include "runtime/device_plan.h"
 #include "runtime/dtype.h"
 #include "runtime/engine.h"
 #include "runtime/links.h"
@@ -185,12 +186,13 @@ Status checkCaptures(const Batch& b) {
   return Status::Ok();
 }
 
-// A kernel's work holds up to dev::kMaxP2pOps sends and receives to other ranks. More in one
-// group is refused before anything runs, so the communicator stays usable (the planner's own
-// check comes after its links connect, and breaks it). It is this rank's own verdict: where the
-// ranks' groups differ (a gather's root), a peer that goes on waits for the refused rank until
-// TUTTI_TIMEOUT. (The blocks they take need no check: the planner fits them to what can be
-// resident, DeviceEngine::findP2pBlockCap.)
+// A group's sends and receives on GPU buffers run in launches of whole rounds (the peers at one
+// distance round the ranks), at most dev::kMaxP2pOps operations each (devplan::checkP2pRounds):
+// a round of more is refused before anything runs, so the communicator stays usable (the
+// planner's own check comes after its links connect, and breaks it). It is this rank's own
+// verdict: a peer whose group holds the other ends waits for it until TUTTI_TIMEOUT. (The
+// blocks they take need no check: the planner fits them to what can be resident,
+// DeviceEngine::findP2pBlockCap.)
 Status checkSendRecvs(Comm* comm, const CollArgs* ops, size_t n) {
   // GPU ranks that read different planner settings would plan kernels that do not meet: every
   // rank finds that alike, from the peer table, and refuses.
@@ -201,19 +203,19 @@ Status checkSendRecvs(Comm* comm, const CollArgs* ops, size_t n) {
                                ": refusing GPU operations; nothing ran");
     }
   }
+  // Only the GPU buffers' operations: host ones run on the CPU engine, with no such limit.
+  std::vector<CollArgs> onGpu;
   size_t count = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const CollArgs& op = ops[i];
-    count += op.device && (op.kind == CollKind::kSend || op.kind == CollKind::kRecv) &&
-             op.root != comm->rank();
+  for (size_t i = 0; i < n; ++i) count += ops[i].device;
+  if (count == 0) return Status::Ok();
+  const CollArgs* dev = ops;
+  if (count < n) {
+    for (size_t i = 0; i < n; ++i)
+      if (ops[i].device) onGpu.push_back(ops[i]);
+    dev = onGpu.data();
   }
-  if (count > static_cast<size_t>(dev::kMaxP2pOps)) {
-    return invalidUsage("rank " + std::to_string(comm->rank()) + ": " + std::to_string(count) +
-                        " sends and receives on GPU buffers to other ranks in one group (an "
-                        "ncclAlltoAll, ncclGather or ncclScatter counts one per rank): at most " +
-                        std::to_string(dev::kMaxP2pOps) + " are supported yet; nothing ran");
-  }
-  return Status::Ok();
+  const Status s = devplan::checkP2pRounds(comm->rank(), comm->nranks(), dev, count);
+  return s.ok() ? s : Status(s.code(), s.message() + "; nothing ran");
 }
 
 // Host buffers on a GPU rank: the CPU engine runs them as the group runs, after the work the

@@ -83,7 +83,8 @@ struct EmuComm {
   };
   std::vector<std::unique_ptr<RankState>> ranks;
   uint64_t timeoutNs = 60ull * 1000000000ull;
-  std::atomic<int> mostP2pBlocks{0};  // the most blocks a launch of sends and receives took
+  std::atomic<int> mostP2pBlocks{0};    // the most blocks a launch of sends and receives took
+  std::atomic<int> mostP2pLaunches{0};  // the most launches of sends and receives in one run
 
   explicit EmuComm(int n, int proto = -1) : n(n) {
     cfg.nranks = n;
@@ -112,6 +113,12 @@ struct EmuComm {
       return send ? &fifo(r, peer, ch).send : &fifo(peer, r, ch).recv;
     };
     devplan::Plan plan;
+    int p2pLaunches = 0;
+    auto raise = [](std::atomic<int>& most, int v) {
+      int m = most.load();
+      while (v > m && !most.compare_exchange_weak(m, v)) {
+      }
+    };
     Status s = devplan::plan(
         c, ops.data(), ops.size(), link, [&] { return st.seq++; }, &plan);
     if (!s.ok()) return "plan: " + s.message();
@@ -129,9 +136,8 @@ struct EmuComm {
       l.work.timeoutNs = timeoutNs;
       if (l.work.nops > 0 &&
           (l.work.ops[0].kind == dev::kSend || l.work.ops[0].kind == dev::kRecv)) {
-        int most = mostP2pBlocks.load();
-        while (l.blocks > most && !mostP2pBlocks.compare_exchange_weak(most, l.blocks)) {
-        }
+        ++p2pLaunches;
+        raise(mostP2pBlocks, l.blocks);
       }
       if (l.more.empty()) {
         emuLaunch(l.dtype, l.fn, l.proto, unsigned(l.blocks), kThreadsPerBlock, &l.work);
@@ -141,6 +147,7 @@ struct EmuComm {
       }
     }
     copiesBefore(plan.launches.size());
+    raise(mostP2pLaunches, p2pLaunches);
     const uint32_t code = __atomic_load_n(&st.err.code, __ATOMIC_ACQUIRE);
     if (code != dev::kErrNone) {
       return "kernel error " + std::to_string(code) + " waiting for rank " +
@@ -418,7 +425,7 @@ TEST(EmuSteps, ManySendsAndReceivesInOneGroup) {
   // 65 to other ranks: refused before any kernel runs.
   std::vector<float> x(4);
   std::vector<CollArgs> tooMany(65, args(CollKind::kSend, x.data(), nullptr, 4, ncclFloat, 1));
-  EXPECT_NE(comm.run(0, tooMany).find("more than 64 sends and receives"), std::string::npos);
+  EXPECT_NE(comm.run(0, tooMany).find("at most 64 are supported yet"), std::string::npos);
 }
 
 // An all-to-all of 12 ranks, as ncclAlltoAll queues it: 22 sends and receives to other ranks
@@ -455,73 +462,113 @@ TEST(EmuSteps, AnAllToAllOfTwelveRanks) {
   for (const std::string& b : bad) ADD_FAILURE() << b;
 }
 
-// Ranks sharing a GPU may each have only so many blocks resident (DeviceEngine::findP2pBlockCap):
-// past that, a block runs several (peer, direction) pairs in turn, each block only sending or
-// only receiving, its pairs in the order of their distance round the ranks. 9 ranks, each
-// sending 2 messages to every rank (itself included) and receiving 2 from each, all in an
-// order of its own (shuffled per rank, each pair's two in turn), the second message on each
-// pair past the FIFO's 8 slots (it must wait for its receiver); with at most 2, 3 and 5 blocks
-// a rank (1 takes 2: a block for each direction) and with no cap. A block that both sent and
-// received, or took its pairs in each rank's call order, deadlocks here (tried: the kernels
-// then give up at the deadline).
-TEST(EmuSteps, SendsAndReceivesFoldedIntoFewBlocksComplete) {
-  constexpr int n = 9;
+// Every rank of comm sends `per` messages to every rank (itself included) and receives `per`
+// from each, all in an order of its own (shuffled per rank from seed, each pair's messages in
+// turn; seed 0: every send, then every receive), the later messages on each pair past the
+// FIFO's 8 slots (they must wait for their receiver). Returns what went wrong on each rank.
+std::vector<std::string> exchangeEveryWay(EmuComm& comm, int per, unsigned seed) {
+  const int n = comm.n;
   auto count = [](int from, int to, int m) {  // floats; 256 per 1 KiB slot
     return m == 0 ? size_t(1 + 97 * ((from * 5 + to) % 7))
-                  : size_t(2600 + 700 * ((from + 2 * to) % 5));
+                  : size_t(2600 + 700 * ((from + 2 * to + m) % 5));
   };
   auto value = [](int from, int to, int m, size_t i) {
     return float(10000 * from + 100 * to + 10 * m) + float(i % 9);
   };
+  std::mutex mu;
+  std::vector<std::string> bad;
+  onThreads(n, [&](int r) {
+    // [peer * per + m]: this rank's m-th message to / from peer.
+    std::vector<std::vector<float>> in(size_t(n * per)), out(size_t(n * per));
+    for (int q = 0; q < n; ++q) {
+      for (int m = 0; m < per; ++m) {
+        std::vector<float>& i = in[size_t(q * per + m)];
+        i.resize(count(r, q, m));
+        for (size_t k = 0; k < i.size(); ++k) i[k] = value(r, q, m, k);
+        out[size_t(q * per + m)].assign(count(q, r, m), -1.0f);
+      }
+    }
+    // Every (peer, direction) `per` times, shuffled: its k-th turn takes message k.
+    std::vector<int> turns;
+    for (int t = 0; t < 2 * n; t += 2) turns.insert(turns.end(), size_t(per), t);
+    for (int t = 1; t < 2 * n; t += 2) turns.insert(turns.end(), size_t(per), t);
+    if (seed != 0) std::shuffle(turns.begin(), turns.end(), std::mt19937(seed + 13 * unsigned(r)));
+    std::vector<int> taken(size_t(2 * n), 0);
+    std::vector<CollArgs> ops;
+    for (int t : turns) {
+      const int q = t / 2, m = taken[size_t(t)]++;
+      if (t % 2 == 0) {
+        std::vector<float>& i = in[size_t(q * per + m)];
+        ops.push_back(args(CollKind::kSend, i.data(), nullptr, i.size(), ncclFloat, q));
+      } else {
+        std::vector<float>& o = out[size_t(q * per + m)];
+        ops.push_back(args(CollKind::kRecv, nullptr, o.data(), o.size(), ncclFloat, q));
+      }
+    }
+    std::string e = comm.run(r, ops);
+    for (int q = 0; q < n && e.empty(); ++q)
+      for (int m = 0; m < per && e.empty(); ++m)
+        for (size_t k = 0; k < count(q, r, m) && e.empty(); ++k)
+          if (out[size_t(q * per + m)][k] != value(q, r, m, k))
+            e = "message " + std::to_string(m) + " from rank " + std::to_string(q) + ", element " +
+                std::to_string(k);
+    if (!e.empty()) {
+      std::lock_guard<std::mutex> lock(mu);
+      bad.push_back("rank " + std::to_string(r) + ": " + e);
+      for (auto& st : comm.ranks) __atomic_store_n(&st->abort, 1u, __ATOMIC_RELEASE);
+    }
+  });
+  return bad;
+}
+
+// Ranks sharing a GPU may each have only so many blocks resident (DeviceEngine::findP2pBlockCap):
+// past that, a block runs several (peer, direction) pairs in turn, each block only sending or
+// only receiving, its pairs in the order of their distance round the ranks. 9 ranks exchanging
+// 2 messages every way, with at most 2, 3 and 5 blocks a rank (1 takes 2: a block for each
+// direction) and with no cap. A block that both sent and received, or took its pairs in each
+// rank's call order, deadlocks here (tried: the kernels then give up at the deadline).
+TEST(EmuSteps, SendsAndReceivesFoldedIntoFewBlocksComplete) {
+  constexpr int n = 9;
   for (int cap : {1, 2, 3, 5, 0}) {
     EmuComm comm(n);
     comm.cfg.maxP2pBlocks = cap;
     comm.timeoutNs = 20ull * 1000000000ull;
-    std::mutex mu;
-    std::vector<std::string> bad;
-    onThreads(n, [&](int r) {
-      std::vector<std::vector<float>> in(size_t(2 * n)), out(size_t(2 * n));
-      std::vector<CollArgs> ops;
-      for (int q = 0; q < n; ++q) {
-        for (int m = 0; m < 2; ++m) {
-          std::vector<float>& i = in[size_t(2 * q + m)];
-          i.resize(count(r, q, m));
-          for (size_t k = 0; k < i.size(); ++k) i[k] = value(r, q, m, k);
-          out[size_t(2 * q + m)].assign(count(q, r, m), -1.0f);
-        }
-      }
-      // Every (peer, direction) twice, shuffled: its first turn takes message 0, its second 1.
-      std::vector<int> turns;
-      for (int q = 0; q < n; ++q) turns.insert(turns.end(), {2 * q, 2 * q, 2 * q + 1, 2 * q + 1});
-      std::shuffle(turns.begin(), turns.end(), std::mt19937(unsigned(77 + 13 * r + cap)));
-      std::vector<int> taken(size_t(2 * n), 0);
-      for (int t : turns) {
-        const int q = t / 2, m = taken[size_t(t)]++;
-        if (t % 2 == 0) {
-          std::vector<float>& i = in[size_t(2 * q + m)];
-          ops.push_back(args(CollKind::kSend, i.data(), nullptr, i.size(), ncclFloat, q));
-        } else {
-          std::vector<float>& o = out[size_t(2 * q + m)];
-          ops.push_back(args(CollKind::kRecv, nullptr, o.data(), o.size(), ncclFloat, q));
-        }
-      }
-      std::string e = comm.run(r, ops);
-      for (int q = 0; q < n && e.empty(); ++q)
-        for (int m = 0; m < 2 && e.empty(); ++m)
-          for (size_t k = 0; k < count(q, r, m) && e.empty(); ++k)
-            if (out[size_t(2 * q + m)][k] != value(q, r, m, k))
-              e = "message " + std::to_string(m) + " from rank " + std::to_string(q) +
-                  ", element " + std::to_string(k);
-      if (!e.empty()) {
-        std::lock_guard<std::mutex> lock(mu);
-        bad.push_back("rank " + std::to_string(r) + ": " + e);
-        for (auto& st : comm.ranks) __atomic_store_n(&st->abort, 1u, __ATOMIC_RELEASE);
-      }
-    });
-    for (const std::string& b : bad) ADD_FAILURE() << "cap " << cap << ": " << b;
+    for (const std::string& b : exchangeEveryWay(comm, 2, 77 + unsigned(cap)))
+      ADD_FAILURE() << "cap " << cap << ": " << b;
     // 16 pairs a rank: within the cap where there is one (at least 2), else a block each.
     EXPECT_EQ(comm.mostP2pBlocks.load(), cap > 0 ? std::max(cap, 2) : 2 * (n - 1)) << "cap " << cap;
+    EXPECT_EQ(comm.mostP2pLaunches.load(), 1) << "cap " << cap;
   }
+}
+
+// Past dev::kMaxP2pOps sends and receives, a group runs in several launches of whole rounds
+// (the peers at one distance), in the order of the rounds: 40 ranks exchanging 2 messages
+// every way (every send first, then in shuffled orders), 156 operations with other ranks each,
+// 4 per round: 3 launches of up to 16 rounds, at most 4 blocks each. A launch that split a
+// round (its sends in one launch, its receives in the next) deadlocks here (tried). A round of more
+// than kMaxP2pOps is refused, naming its peers; a 2-rank group is one round.
+TEST(EmuSteps, ManySendsAndReceivesRunInLaunchesOfWholeRounds) {
+  constexpr int n = 40;
+  EmuComm comm(n);
+  comm.cfg.maxP2pBlocks = 4;
+  comm.timeoutNs = 20ull * 1000000000ull;
+  for (unsigned seed : {0u, 5u}) {
+    for (const std::string& b : exchangeEveryWay(comm, 2, seed))
+      ADD_FAILURE() << (seed ? "shuffled: " : "sends first: ") << b;
+  }
+  EXPECT_EQ(comm.mostP2pLaunches.load(), 3);
+  EXPECT_EQ(comm.mostP2pBlocks.load(), 4);
+
+  EmuComm two(2);
+  std::vector<float> x(4), y(4);
+  std::vector<CollArgs> round(40, args(CollKind::kSend, x.data(), nullptr, 4, ncclFloat, 1));
+  round.insert(round.end(), 25, args(CollKind::kRecv, nullptr, y.data(), 4, ncclFloat, 1));
+  const std::string e = two.run(0, round);
+  EXPECT_NE(e.find("40 sends to rank 1 and 25 receives from rank 1 in one group on GPU buffers "
+                   "(the peers 1 apart round the ranks, whose operations run together): at "
+                   "most 64 are supported yet"),
+            std::string::npos)
+      << e;
 }
 
 // A receiver that expects another message than the sender sends fails with the sizes, on

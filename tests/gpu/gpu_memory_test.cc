@@ -273,8 +273,8 @@ TEST(GpuValidation, PreMulSumScalarsWhereverTheReaderCanReachThem) {
 
 // A group of more sends and receives than one kernel's work holds (dev::kMaxOps, 16) runs them
 // through p2pManyKernel: 32 messages each way between two ranks of one thread's group. More
-// than 64 to other ranks in one group is refused at ncclGroupEnd before anything runs, and
-// both ranks go on.
+// than 64 with the peers at one distance round the ranks (two ranks: all of them) is refused at
+// ncclGroupEnd before anything runs, and both ranks go on.
 TEST(GpuValidation, ManySendsInOneGroupRunAndTooManyAreRefused) {
   SKIP_WITHOUT_GPU();
   ScopedEnv timeout("TUTTI_TIMEOUT", "30");
@@ -300,108 +300,132 @@ TEST(GpuValidation, ManySendsInOneGroupRunAndTooManyAreRefused) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(b.check(r, 3.0f, t.streams[r]), "");
 }
 
-// Ranks sharing a GPU may each have only the blocks that can be resident at once
-// (DeviceEngine::findP2pBlockCap; TUTTI_P2P_MAX_BLOCKS forces 3 here): past that, a block runs
-// several (peer, direction) pairs in turn, only sending or only receiving, by distance round the
-// ranks (devplan::plan). 6 ranks on the one GPU, one thread's group: each rank sends 2 messages
-// to every rank (itself included) and receives 2 from each, in an order of its own; with 1 KiB
-// slots (NCCL_BUFFSIZE) each pair's second message is past the FIFO's 8 slots, so senders wait
-// for their receivers. Every message must arrive whole, and later collectives run.
-TEST(GpuValidation, SendsAndReceivesPastTheResidentBlockCapShareBlocksAndComplete) {
-  SKIP_WITHOUT_GPU();
-  constexpr int n = 6;
-  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
-  ScopedEnv cap("TUTTI_P2P_MAX_BLOCKS", "3");
-  ScopedEnv buff("NCCL_BUFFSIZE", "8192");
+// n ranks on the one GPU, one thread's group: each rank sends `per` messages to every rank
+// (itself included) and receives `per` from each, all in an order of its own (shuffled from
+// seed, each pair's messages in turn; seed 0: every send, then every receive); with 1 KiB slots
+// (NCCL_BUFFSIZE, set by the caller) the later messages on each pair are past the FIFO's 8
+// slots, so senders wait for their receivers. Every message must arrive whole, and a
+// collective after it runs.
+void exchangeEveryWayOnOneGpu(int n, int per, unsigned seed) {
   auto count = [](int from, int to, int m) {  // floats
     return m == 0 ? size_t(1 + 97 * ((from * 5 + to) % 7))
-                  : size_t(2600 + 700 * ((from + 2 * to) % 5));
+                  : size_t(2600 + 700 * ((from + 2 * to + m) % 5));
   };
   auto value = [](int from, int to, int m, size_t i) {
     return float(10000 * from + 100 * to + 10 * m) + float(i % 9);
   };
-  ncclComm_t comms[n];
-  int devs[n] = {};
-  ASSERT_EQ(ncclCommInitAll(comms, n, devs), ncclSuccess) << ncclGetLastError(nullptr);
-  cudaStream_t streams[n];
-  // Per rank, per (peer, message): device input and output.
-  std::vector<float*> in(size_t(n * n * 2)), out(size_t(n * n * 2));
-  auto at = [](int r, int q, int m) { return size_t((r * n + q) * 2 + m); };
+  std::vector<ncclComm_t> comms(size_t(n), nullptr);
+  std::vector<int> devs(size_t(n), 0);
+  ASSERT_EQ(ncclCommInitAll(comms.data(), n, devs.data()), ncclSuccess)
+      << ncclGetLastError(nullptr);
+  std::vector<cudaStream_t> streams(size_t(n), nullptr);
+  // [(r * n + q) * per + m]: rank r's m-th message to / from rank q, on the device.
+  std::vector<float*> in(size_t(n * n * per), nullptr), out(size_t(n * n * per), nullptr);
+  auto at = [n, per](int r, int q, int m) { return size_t((r * n + q) * per + m); };
   for (int r = 0; r < n; ++r) {
-    ASSERT_EQ(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&streams[size_t(r)], cudaStreamNonBlocking), cudaSuccess);
     for (int q = 0; q < n; ++q) {
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < per; ++m) {
         std::vector<float> h(count(r, q, m));
         for (size_t k = 0; k < h.size(); ++k) h[k] = value(r, q, m, k);
-        ASSERT_EQ(cudaMalloc(&in[at(r, q, m)], h.size() * 4), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(in[at(r, q, m)], h.data(), h.size() * 4, cudaMemcpyHostToDevice),
+        EXPECT_EQ(cudaMalloc(&in[at(r, q, m)], h.size() * 4), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(in[at(r, q, m)], h.data(), h.size() * 4, cudaMemcpyHostToDevice),
                   cudaSuccess);
-        ASSERT_EQ(cudaMalloc(&out[at(r, q, m)], count(q, r, m) * 4), cudaSuccess);
-        ASSERT_EQ(cudaMemset(out[at(r, q, m)], 0xff, count(q, r, m) * 4), cudaSuccess);
+        EXPECT_EQ(cudaMalloc(&out[at(r, q, m)], count(q, r, m) * 4), cudaSuccess);
+        EXPECT_EQ(cudaMemset(out[at(r, q, m)], 0xff, count(q, r, m) * 4), cudaSuccess);
       }
     }
   }
-  // Each group's calls checked with EXPECT: the group is always ended, whatever failed.
-  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  for (int r = 0; r < n; ++r) {
-    // Every (peer, direction) twice, shuffled: its first turn takes message 0, its second 1.
-    std::vector<int> turns;
-    for (int q = 0; q < n; ++q) turns.insert(turns.end(), {2 * q, 2 * q, 2 * q + 1, 2 * q + 1});
-    std::shuffle(turns.begin(), turns.end(), std::mt19937(unsigned(5 + 11 * r)));
-    std::vector<int> taken(size_t(2 * n), 0);
-    for (int t : turns) {
-      const int q = t / 2, m = taken[size_t(t)]++;
-      const ncclResult_t res =
-          t % 2 == 0
-              ? ncclSend(in[at(r, q, m)], count(r, q, m), ncclFloat, q, comms[r], streams[r])
-              : ncclRecv(out[at(r, q, m)], count(q, r, m), ncclFloat, q, comms[r], streams[r]);
-      EXPECT_EQ(res, ncclSuccess) << ncclGetLastError(nullptr);
+  if (!::testing::Test::HasFailure()) {
+    // Each group's calls checked with EXPECT: the group is always ended, whatever failed.
+    EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      // Every (peer, direction) `per` times: its k-th turn takes message k.
+      std::vector<int> turns;
+      for (int t = 0; t < 2 * n; t += 2) turns.insert(turns.end(), size_t(per), t);
+      for (int t = 1; t < 2 * n; t += 2) turns.insert(turns.end(), size_t(per), t);
+      if (seed != 0)
+        std::shuffle(turns.begin(), turns.end(), std::mt19937(seed + 11 * unsigned(r)));
+      std::vector<int> taken(size_t(2 * n), 0);
+      for (int t : turns) {
+        const int q = t / 2, m = taken[size_t(t)]++;
+        ncclComm_t c = comms[size_t(r)];
+        cudaStream_t s = streams[size_t(r)];
+        const ncclResult_t res =
+            t % 2 == 0 ? ncclSend(in[at(r, q, m)], count(r, q, m), ncclFloat, q, c, s)
+                       : ncclRecv(out[at(r, q, m)], count(q, r, m), ncclFloat, q, c, s);
+        EXPECT_EQ(res, ncclSuccess) << ncclGetLastError(nullptr);
+      }
     }
-  }
-  EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
-  std::string first;
-  for (int r = 0; r < n; ++r) {
-    EXPECT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
-    ncclResult_t async = ncclSuccess;
-    EXPECT_EQ(ncclCommGetAsyncError(comms[r], &async), ncclSuccess);
-    EXPECT_EQ(async, ncclSuccess) << "rank " << r << ": " << ncclGetLastError(comms[r]);
-    for (int q = 0; q < n && first.empty(); ++q) {
-      for (int m = 0; m < 2 && first.empty(); ++m) {
-        std::vector<float> h(count(q, r, m));
-        EXPECT_EQ(cudaMemcpy(h.data(), out[at(r, q, m)], h.size() * 4, cudaMemcpyDeviceToHost),
-                  cudaSuccess);
-        for (size_t k = 0; k < h.size() && first.empty(); ++k) {
-          if (h[k] != value(q, r, m, k)) {
-            first = "rank " + std::to_string(r) + ", message " + std::to_string(m) + " from rank " +
-                    std::to_string(q) + ", element " + std::to_string(k);
+    EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    std::string first;
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(cudaStreamSynchronize(streams[size_t(r)]), cudaSuccess);
+      ncclResult_t async = ncclSuccess;
+      EXPECT_EQ(ncclCommGetAsyncError(comms[size_t(r)], &async), ncclSuccess);
+      EXPECT_EQ(async, ncclSuccess) << "rank " << r << ": " << ncclGetLastError(comms[size_t(r)]);
+      for (int q = 0; q < n && first.empty(); ++q) {
+        for (int m = 0; m < per && first.empty(); ++m) {
+          std::vector<float> h(count(q, r, m));
+          EXPECT_EQ(cudaMemcpy(h.data(), out[at(r, q, m)], h.size() * 4, cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+          for (size_t k = 0; k < h.size() && first.empty(); ++k) {
+            if (h[k] != value(q, r, m, k)) {
+              first = "rank " + std::to_string(r) + ", message " + std::to_string(m) +
+                      " from rank " + std::to_string(q) + ", element " + std::to_string(k);
+            }
           }
         }
       }
     }
-  }
-  EXPECT_EQ(first, "");
-  // The communicators go on: an all-reduce of every rank's first input's first float.
-  EXPECT_EQ(ncclGroupStart(), ncclSuccess);
-  for (int r = 0; r < n; ++r) {
-    EXPECT_EQ(ncclAllReduce(in[at(r, 0, 0)], out[at(r, 0, 0)], 1, ncclFloat, ncclSum, comms[r],
-                            streams[r]),
-              ncclSuccess);
-  }
-  EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
-  float want = 0;
-  for (int r = 0; r < n; ++r) want += value(r, 0, 0, 0);
-  for (int r = 0; r < n; ++r) {
-    float got = 0;
-    EXPECT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(&got, out[at(r, 0, 0)], 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(got, want) << "rank " << r;
+    EXPECT_EQ(first, "");
+    // The communicators go on: an all-reduce of every rank's first input's first float.
+    EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(ncclAllReduce(in[at(r, 0, 0)], out[at(r, 0, 0)], 1, ncclFloat, ncclSum,
+                              comms[size_t(r)], streams[size_t(r)]),
+                ncclSuccess);
+    }
+    EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    float want = 0;
+    for (int r = 0; r < n; ++r) want += value(r, 0, 0, 0);
+    for (int r = 0; r < n; ++r) {
+      float got = 0;
+      EXPECT_EQ(cudaStreamSynchronize(streams[size_t(r)]), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(&got, out[at(r, 0, 0)], 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(got, want) << "rank " << r;
+    }
   }
   for (float* p : in) cudaFree(p);
   for (float* p : out) cudaFree(p);
   for (int r = 0; r < n; ++r) {
-    cudaStreamDestroy(streams[r]);
-    EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
+    if (streams[size_t(r)]) cudaStreamDestroy(streams[size_t(r)]);
+    EXPECT_EQ(ncclCommDestroy(comms[size_t(r)]), ncclSuccess);
   }
+}
+
+// Ranks sharing a GPU may each have only the blocks that can be resident at once
+// (DeviceEngine::findP2pBlockCap; TUTTI_P2P_MAX_BLOCKS forces 3 here): past that, a block runs
+// several (peer, direction) pairs in turn, only sending or only receiving, by distance round the
+// ranks (devplan::plan). 6 ranks, 2 messages every way, in shuffled orders.
+TEST(GpuValidation, SendsAndReceivesPastTheResidentBlockCapShareBlocksAndComplete) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  ScopedEnv cap("TUTTI_P2P_MAX_BLOCKS", "3");
+  ScopedEnv buff("NCCL_BUFFSIZE", "8192");
+  exchangeEveryWayOnOneGpu(6, 2, 5);
+}
+
+// Past 64 sends and receives to other ranks, a group runs in launches of whole rounds (the
+// peers at one distance round the ranks), at most 64 operations each (devplan::plan): 12 ranks,
+// 3 messages every way, 66 operations with other ranks each, 6 a round: two launches. Every
+// send first (a launch that split a round would deadlock there), then in shuffled orders.
+TEST(GpuValidation, ManySendsAndReceivesRunInLaunchesOfWholeRounds) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  ScopedEnv buff("NCCL_BUFFSIZE", "8192");
+  exchangeEveryWayOnOneGpu(12, 3, 0);
+  exchangeEveryWayOnOneGpu(12, 3, 9);
 }
 
 // The gathered LL all-reduce (dev::kAlgoGather) on the GPU: 4 ranks on the one GPU, driven by one
