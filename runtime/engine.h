@@ -39,6 +39,9 @@ class Engine {
   void waitAsync();
 
   int maxChannels() const { return maxChannels_; }
+  // Whether the ranks agree on the settings that shape host-buffer operations
+  // (checkHostSettingsAgree): group.cc refuses those before anything runs where they do not.
+  const Status& settingsAgree() const { return settingsAgree_; }
   // Channels an operation of this many bytes uses (the same on every rank).
   int channelsFor(size_t bytes) const;
 
@@ -98,6 +101,7 @@ class Engine {
   Status runP2p(const std::vector<const CollArgs*>& ops);
 
   Comm& comm_;
+  Status settingsAgree_;
   int minChannels_, maxChannels_;
   double timeoutS_;
   size_t pairMaxBytes_;        // two-rank all-reduces up to this size use the pair exchange (tcp)

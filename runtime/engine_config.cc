@@ -11,11 +11,19 @@
 #include "runtime/comm.h"
 #include "runtime/engine.h"
 #include "runtime/env.h"
+#include "runtime/host_settings.h"
 #include "runtime/links.h"
 #include "runtime/log.h"
 
 namespace tutti {
-Engine::Engine(Comm& comm) : comm_(comm), runner_(comm.cudaDev()) {
+Engine::Engine(Comm& comm)
+    : comm_(comm),
+      settingsAgree_(checkHostSettingsAgree(comm.peers().data(), comm.peers().size())),
+      runner_(comm.cudaDev()) {
+  if (!settingsAgree_.ok() && comm.rank() == 0) {
+    TUTTI_WARN("%s: host-buffer operations on this communicator will be refused",
+               settingsAgree_.message().c_str());
+  }
   // Channels must agree on every rank, so the default comes from what all ranks share: the
   // fewest hardware threads per local rank on any host, capped at 4.
   int fit = INT_MAX;

@@ -186,6 +186,28 @@ Status checkCaptures(const Batch& b) {
   return Status::Ok();
 }
 
+// Ranks that read different settings would run steps that do not meet (a wrong result, or a
+// wait until TUTTI_TIMEOUT): every rank finds that alike, from the peer table, and refuses the
+// operations those settings shape -- GPU buffers' (checkDeviceSettingsAgree) or host buffers'
+// (checkHostSettingsAgree) -- before anything runs, so the communicator stays usable for the
+// others.
+Status checkSettings(Comm* comm, const CollArgs* ops, size_t n) {
+  if (comm->nranks() == 1) return Status::Ok();
+  bool device = false, host = false;
+  for (size_t i = 0; i < n; ++i) (ops[i].device ? device : host) = true;
+  auto refuse = [comm](const Status& agree, const char* what) {
+    return agree.withContext("rank " + std::to_string(comm->rank()) + ": refusing " + what +
+                             " operations; nothing ran");
+  };
+  if (host && !comm->engine().settingsAgree().ok()) {
+    return refuse(comm->engine().settingsAgree(), "host-buffer");
+  }
+  if (device && !comm->deviceEngine().settingsAgree().ok()) {
+    return refuse(comm->deviceEngine().settingsAgree(), "GPU");
+  }
+  return Status::Ok();
+}
+
 // A group's sends and receives on GPU buffers run in launches of whole rounds (the peers at one
 // distance round the ranks), at most dev::kMaxP2pOps operations each (devplan::checkP2pRounds):
 // a round of more is refused before anything runs, so the communicator stays usable (the
@@ -194,15 +216,6 @@ Status checkCaptures(const Batch& b) {
 // blocks they take need no check: the planner fits them to what can be resident,
 // DeviceEngine::findP2pBlockCap.)
 Status checkSendRecvs(Comm* comm, const CollArgs* ops, size_t n) {
-  // GPU ranks that read different planner settings would plan kernels that do not meet: every
-  // rank finds that alike, from the peer table, and refuses.
-  if (comm->nranks() > 1 &&
-      std::any_of(ops, ops + n, [](const CollArgs& op) { return op.device; })) {
-    if (const Status& agree = comm->deviceEngine().settingsAgree(); !agree.ok()) {
-      return agree.withContext("rank " + std::to_string(comm->rank()) +
-                               ": refusing GPU operations; nothing ran");
-    }
-  }
   // Only the GPU buffers' operations: host ones run on the CPU engine, with no such limit.
   std::vector<CollArgs> onGpu;
   size_t count = 0;
@@ -274,7 +287,8 @@ void broken(std::vector<Batch>& batches, const Status& why) {
 
 Status submit(Comm* comm, const CollArgs* ops, size_t n) {
   if (!active()) {
-    Status s = checkSendRecvs(comm, ops, n);
+    Status s = checkSettings(comm, ops, n);
+    if (s.ok()) s = checkSendRecvs(comm, ops, n);
     std::vector<CollArgs> followed;
     if (s.ok() && needsStreams(comm, ops, n)) {
       followed.assign(ops, ops + n);
@@ -359,6 +373,7 @@ Status end(bool run) {
   }
   if (!batches.empty()) {
     for (Batch& b : batches) {
+      if (first.ok() && run) first = checkSettings(b.comm, b.ops.data(), b.ops.size());
       if (first.ok() && run) first = checkSendRecvs(b.comm, b.ops.data(), b.ops.size());
       if (first.ok() && run) first = checkCaptures(b);
     }

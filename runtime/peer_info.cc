@@ -124,6 +124,10 @@ DeviceSettings deviceSettingsFromEnv() {
   d.llMaxBytes = std::max<int64_t>(0, env::getInt("TUTTI_LL_MAX_BYTES", 64 << 10));
   d.gatherMaxBytes = std::max<int64_t>(0, env::getInt("TUTTI_LL_GATHER_MAX_BYTES", 4 << 10));
   d.channelBytes = std::max<int64_t>(1, env::getInt("TUTTI_DEV_CHANNEL_BYTES", 512 << 10));
+  // As written, with the links' defaults (runtime/links.cc, transports/p2p): p2p checks them
+  // again per link, but only the sender there would know.
+  d.buffSize = env::getInt("NCCL_BUFFSIZE", 4 << 20);
+  d.llSlotBytes = env::getInt("TUTTI_LL_SLOT_BYTES", 16 << 10);
   d.p2pDisabled = env::getBool("NCCL_P2P_DISABLE", false) ? 1 : 0;
   return d;
 }
@@ -137,7 +141,9 @@ Status checkDeviceSettingsAgree(const PeerInfo* peers, size_t n) {
                                   {"NCCL_MAX_NCHANNELS", &DeviceSettings::maxChannels},
                                   {"TUTTI_LL_MAX_BYTES", &DeviceSettings::llMaxBytes},
                                   {"TUTTI_LL_GATHER_MAX_BYTES", &DeviceSettings::gatherMaxBytes},
-                                  {"TUTTI_DEV_CHANNEL_BYTES", &DeviceSettings::channelBytes}};
+                                  {"TUTTI_DEV_CHANNEL_BYTES", &DeviceSettings::channelBytes},
+                                  {"NCCL_BUFFSIZE", &DeviceSettings::buffSize},
+                                  {"TUTTI_LL_SLOT_BYTES", &DeviceSettings::llSlotBytes}};
   auto shown = [](const Field& f, int64_t v) {
     if (f.value != &DeviceSettings::proto) return std::to_string(v);
     return std::string(v == dev::kLL ? "LL" : v == dev::kSimple ? "Simple" : "unset (automatic)");
@@ -188,6 +194,7 @@ PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr
   snprintf(p.hostname, sizeof(p.hostname), "%s", localHostname().c_str());
   p.bootstrapAddr = wire::fromSockAddr(bootstrapAddr);
   p.device = deviceSettingsFromEnv();
+  p.host = hostSettingsFromEnv();
   return p;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <type_traits>
 
+#include "runtime/host_settings.h"
 #include "runtime/status.h"
 #include "runtime/wire.h"
 
@@ -20,6 +21,8 @@ struct DeviceSettings {
   int64_t llMaxBytes;      // TUTTI_LL_MAX_BYTES
   int64_t gatherMaxBytes;  // TUTTI_LL_GATHER_MAX_BYTES
   int64_t channelBytes;    // TUTTI_DEV_CHANNEL_BYTES
+  int64_t buffSize;        // NCCL_BUFFSIZE (the device FIFOs' slots; 4 MiB unset)
+  int64_t llSlotBytes;     // TUTTI_LL_SLOT_BYTES (the device FIFOs' LL lines)
   // NCCL_P2P_DISABLE: not compared (each pair of ranks takes mapped host memory where either
   // end set it), but carried, so that the receiver, which decides, knows the sender's too.
   int64_t p2pDisabled;
@@ -44,6 +47,7 @@ struct PeerInfo {
   // 1024 up are only counted in `cpus`.
   uint64_t cpuMask[16];
   DeviceSettings device;
+  HostSettings host;
 };
 static_assert(std::is_trivially_copyable_v<PeerInfo>);
 

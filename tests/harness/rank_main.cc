@@ -14,6 +14,11 @@
 //                all-reduce, so rank 0 waits to receive, on its own FIFO; peerexit-device-big:
 //                a 64 MiB ncclSend that rank 1 never receives, more than a FIFO holds, so rank
 //                0 waits for credit from the FIFO in rank 1's memory (over CUDA IPC)
+//   settingsmismatch  rank 1 reads TUTTI_TEST_RANK1_SETS ("NAME=VALUE") into its environment
+//                before init; every rank then calls a host-buffer all-reduce, and a grouped
+//                broadcast: prints "settingsmismatch: <result>: <message>" and "... async <r>,
+//                grouped <r>, destroy <r>" (result codes); exits 0 when both calls were refused
+//                with ncclInvalidUsage while the communicator stayed healthy, else 1
 //   readonly     2 ranks: rank 0 broadcasts 4 MiB into memory rank 1 may only read (shm
 //                single copy fails there): prints "readonly: <result>: <message>" and exits 0
 //                when the broadcast failed, 1 when it did not
@@ -70,7 +75,9 @@ int main(int argc, char** argv) {
   int size = atoi(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "1");
   ncclComm_t comm = nullptr;
   // Rank 1 lays the shared broadcast area out differently from the others.
-  if (mode == "areamismatch" && rank == 1) setenv("TUTTI_SHM_AREA_CHUNK", "8192", 1);
+  if (const char* set = getenv("TUTTI_TEST_RANK1_SETS"); mode == "settingsmismatch" && rank == 1) {
+    if (set) putenv(strdup(set));
+  }
   if (mode == "getid") {
     ncclUniqueId id;
     if (ncclGetUniqueId(&id) != ncclSuccess) return failWith("ncclGetUniqueId", nullptr);
@@ -171,13 +178,23 @@ int main(int argc, char** argv) {
     ncclCommAbort(comm);
     return r == ncclSuccess ? 1 : 0;
   }
-  if (mode == "areamismatch") {  // every rank fails the broadcast, none hangs
-    std::vector<char> buf(1 << 16, 1);
-    ncclResult_t r = ncclBroadcast(buf.data(), buf.data(), buf.size(), ncclChar, 2, comm, nullptr);
-    printf("areamismatch: %s: %s\n", ncclGetErrorString(r), ncclGetLastError(comm));
+  if (mode == "settingsmismatch") {  // every rank refuses alike, at once, nothing breaks
+    std::vector<float> buf(1024, 1.0f);
+    ncclResult_t r =
+        ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+    printf("settingsmismatch: %s: %s\n", ncclGetErrorString(r), ncclGetLastError(comm));
+    ncclResult_t async = ncclInProgress;
+    ncclCommGetAsyncError(comm, &async);
+    ncclGroupStart();
+    ncclBroadcast(buf.data(), buf.data(), buf.size(), ncclFloat, 0, comm, nullptr);
+    ncclResult_t grouped = ncclGroupEnd();
+    ncclResult_t destroyed = ncclCommDestroy(comm);
+    printf("settingsmismatch async %d, grouped %d, destroy %d\n", async, grouped, destroyed);
     fflush(stdout);
-    ncclCommAbort(comm);
-    return r != ncclSuccess ? 0 : 1;
+    return r == ncclInvalidUsage && async == ncclSuccess && grouped == ncclInvalidUsage &&
+                   destroyed == ncclSuccess
+               ? 0
+               : 1;
   }
   if (mode == "peerexit") {  // rank 1 leaves right after init; the others then need it
     if (rank == 1) _exit(3);

@@ -1,4 +1,5 @@
 // machineCpus: the CPUs the ranks of one machine may use together, from their affinity masks.
+// The settings every rank must read alike (the GPU planner's, the host engine's).
 #include "runtime/peer_info.h"
 
 #include <gtest/gtest.h>
@@ -6,6 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -76,10 +81,15 @@ TEST(PeerInfo, GpuRanksMustAgreeOnThePlannersSettings) {
     tutti::test::ScopedEnv proto("NCCL_PROTO", nullptr);
     tutti::test::ScopedEnv gather("TUTTI_LL_GATHER_MAX_BYTES", nullptr);
     tutti::test::ScopedEnv channel("TUTTI_DEV_CHANNEL_BYTES", nullptr);
+    tutti::test::ScopedEnv buff("NCCL_BUFFSIZE", nullptr);
     fresh = tutti::deviceSettingsFromEnv();
   }
   EXPECT_EQ(fresh.proto, -1);
   EXPECT_EQ(fresh.gatherMaxBytes, 4 << 10);
+  {
+    tutti::test::ScopedEnv buff("NCCL_BUFFSIZE", "2097152");
+    EXPECT_EQ(tutti::deviceSettingsFromEnv().buffSize, 2 << 20);
+  }
 
   std::vector<PeerInfo> peers(4);
   for (int r = 0; r < 4; ++r) {
@@ -103,11 +113,117 @@ TEST(PeerInfo, GpuRanksMustAgreeOnThePlannersSettings) {
             std::string::npos)
       << s.message();
   peers[3].device = fresh;
+  peers[1].device.buffSize = 2 << 20;  // the device FIFOs' slots
+  s = tutti::checkDeviceSettingsAgree(peers.data(), peers.size());
+  EXPECT_NE(s.message().find("NCCL_BUFFSIZE differs between ranks: rank 0 reads 4194304, rank 1 "
+                             "2097152"),
+            std::string::npos)
+      << s.message();
+  peers[1].device = fresh;
   peers[1].device.p2pDisabled = 1;  // carried, not compared: each pair decides with both ends'
   EXPECT_TRUE(tutti::checkDeviceSettingsAgree(peers.data(), peers.size()).ok());
   peers[3].device.channelBytes = 1 << 20;
   peers[3].cudaDev = -1;  // a CPU rank: its settings do not matter
   EXPECT_TRUE(tutti::checkDeviceSettingsAgree(peers.data(), peers.size()).ok());
+}
+
+// The settings that shape host-buffer operations come from the environment as written (empty
+// counts as unset), travel in PeerInfo, and must agree on every rank, GPU ranks and CPU ranks
+// alike: each difference is named (which variable, two ranks, their values).
+TEST(PeerInfo, EveryRankMustAgreeOnTheHostSettings) {
+  auto slot = [](const char* name) {
+    for (int i = 0; i < tutti::HostSettings::kCount; ++i) {
+      if (std::string(tutti::kHostSettingNames[i]) == name) return i;
+    }
+    ADD_FAILURE() << name << " is not a host setting";
+    return 0;
+  };
+  tutti::HostSettings fresh{}, set{};
+  {
+    tutti::test::ScopedEnv rd("TUTTI_RD_MAX_BYTES", nullptr);
+    tutti::test::ScopedEnv buff("NCCL_BUFFSIZE", "");
+    tutti::test::ScopedEnv net("NCCL_NET", nullptr);
+    fresh = tutti::hostSettingsFromEnv();
+  }
+  {
+    tutti::test::ScopedEnv rd("TUTTI_RD_MAX_BYTES", "0");
+    tutti::test::ScopedEnv buff("NCCL_BUFFSIZE", "2097152");
+    tutti::test::ScopedEnv net("NCCL_NET", "a-network-plugin-name");
+    set = tutti::hostSettingsFromEnv();
+  }
+  const int rd = slot("TUTTI_RD_MAX_BYTES"), buff = slot("NCCL_BUFFSIZE"), net = slot("NCCL_NET");
+  EXPECT_EQ(fresh.hash[rd], 0u);
+  EXPECT_EQ(fresh.hash[buff], 0u);  // empty: unset
+  EXPECT_NE(set.hash[rd], 0u);
+  EXPECT_STREQ(set.shown[buff], "2097152");
+
+  std::vector<PeerInfo> peers(4);
+  for (int r = 0; r < 4; ++r) {
+    peers[size_t(r)].rank = r;
+    peers[size_t(r)].cudaDev = r % 2 ? 0 : -1;  // GPU ranks' host buffers run on the CPU engine too
+    peers[size_t(r)].host = fresh;
+  }
+  EXPECT_TRUE(tutti::checkHostSettingsAgree(peers.data(), peers.size()).ok());
+  EXPECT_TRUE(tutti::checkHostSettingsAgree(peers.data(), 1).ok());
+  peers[2].host.hash[rd] = set.hash[rd];
+  memcpy(peers[2].host.shown[rd], set.shown[rd], sizeof(set.shown[rd]));
+  tutti::Status s = tutti::checkHostSettingsAgree(peers.data(), peers.size());
+  EXPECT_EQ(s.code(), tutti::Code::kInvalidUsage);
+  EXPECT_NE(s.message().find("a setting differs between ranks (TUTTI_RD_MAX_BYTES: rank 0 reads "
+                             "unset, rank 2 reads 0)"),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("set them alike on every rank"), std::string::npos) << s.message();
+  // Every variable that differs is named, each once; a long value is cut, and says so.
+  for (PeerInfo& p : peers) p.host = set;
+  peers[3].host = fresh;
+  peers[1].host.hash[net] ^= 1;  // the same first 15 characters, another value
+  s = tutti::checkHostSettingsAgree(peers.data(), peers.size());
+  EXPECT_NE(s.message().find("3 settings differ between ranks (NCCL_BUFFSIZE: rank 0 reads "
+                             "2097152, rank 3 reads unset; NCCL_NET: rank 0 reads "
+                             "a-network-plugi..., rank 1 reads a-network-plugi...; "
+                             "TUTTI_RD_MAX_BYTES: rank 0 reads 0, rank 3 reads unset)"),
+            std::string::npos)
+      << s.message();
+}
+
+// Every variable that the CPU engine, the links and the host transports read is either compared
+// across ranks (kHostSettingNames) or named here as acting on one rank alone, so that a new
+// threshold cannot join without a decision; and every compared name is still read somewhere.
+TEST(PeerInfo, EveryHostVariableIsComparedOrActsOnOneRankAlone) {
+  const std::set<std::string> oneRank = {"TUTTI_TIMEOUT",
+                                         "TUTTI_SPIN_NS",
+                                         "TUTTI_EXCHANGE",
+                                         "TUTTI_EXCHANGE_RECHECK",
+                                         "TUTTI_STATE_BROADCAST_RECHECK",
+                                         "TUTTI_SHM_SINGLE_COPY",
+                                         "TUTTI_SHM_SLOW_GBPS",
+                                         "TUTTI_SHM_SINGLE_COPY_MIN",
+                                         "TUTTI_TCP_DIRECT",
+                                         "TUTTI_STREAM_COPY_MIN"};
+  const std::set<std::string> compared(tutti::kHostSettingNames,
+                                       tutti::kHostSettingNames + tutti::HostSettings::kCount);
+  EXPECT_EQ(compared.size(), size_t(tutti::HostSettings::kCount)) << "a name is listed twice";
+  std::set<std::string> read;
+  const std::regex name("\"((NCCL|TUTTI)_[A-Z0-9_]+)");
+  for (const char* file :
+       {"runtime/engine.cc", "runtime/engine_area.cc", "runtime/engine_choice.cc",
+        "runtime/engine_config.cc", "runtime/links.cc", "transports/shm/shm.cc",
+        "transports/shm/area.cc", "transports/tcp/tcp.cc", "kernels/cpu/ring_dispatch.cc",
+        "kernels/cpu/area_bcast.cc", "kernels/cpu/simd.cc"}) {
+    std::ifstream in(std::string(TUTTI_SOURCE_DIR) + "/" + file);
+    ASSERT_TRUE(in) << file;
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (std::sregex_iterator it(text.begin(), text.end(), name), end; it != end; ++it) {
+      const std::string v = (*it)[1];
+      read.insert(v);
+      EXPECT_TRUE(compared.count(v) || oneRank.count(v))
+          << file << " reads " << v
+          << ": add it to kHostSettingNames (runtime/host_settings.cc) if every rank must read it "
+             "alike, else to the list above";
+    }
+  }
+  for (const std::string& v : compared) EXPECT_TRUE(read.count(v)) << v << " is read nowhere";
 }
 
 // Two ranks use one GPU when they are GPU ranks of one host with the same bus id and UUID: MIG
