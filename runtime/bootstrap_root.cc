@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -72,6 +74,8 @@ class Root {
         deadline = net::deadlineAfter(timeoutS_);
         nranks_ = h.nranks;
         slots_.resize(static_cast<size_t>(std::max(nranks_, 0)));
+        fingerprint_ = h.tag;
+        firstRank_ = h.rank;
       }
       std::string problem;
       if (h.nranks != nranks_) {
@@ -93,7 +97,20 @@ class Root {
                   h.rank, acc.socket.peerAddr().toString().c_str());
       slots_[static_cast<size_t>(h.rank)] = Slot{std::move(acc.socket), h.addr, h.size};
       ++arrived_;
+      if (h.tag != fingerprint_ && refused_.empty()) {
+        char prints[64];
+        snprintf(prints, sizeof prints, "%08x against %08x", h.tag, fingerprint_);
+        refused_ = "rank " + std::to_string(h.rank) + " runs another tutti build than rank " +
+                   std::to_string(firstRank_) + " (build fingerprints " + prints +
+                   "; 00000000: a build from before this check): their peer info would not "
+                   "match, so the job is refused; run the same tutti build on every rank";
+        TUTTI_WARN("bootstrap root %s: %s", where.c_str(), refused_.c_str());
+      }
+      // Every rank hears a refusal of the whole job at once: those that checked in, and the
+      // rest as they come, rather than at the deadline.
+      if (!refused_.empty()) answerAll(Code::kInvalidUsage, refused_);
     }
+    if (!refused_.empty()) return;
     for (int r = 0; r < nranks_; ++r) {
       auto& next = slots_[static_cast<size_t>((r + 1) % nranks_)];
       reply(slots_[static_cast<size_t>(r)]->socket, Code::kOk, "", next->addr);
@@ -107,7 +124,22 @@ class Root {
     net::Socket socket;
     wire::Addr addr;
     uint64_t pid;
+    bool answered = false;  // told of a failure already
   };
+
+  // Tells every rank that checked in and was not told yet; ranks of this process last: once
+  // one of them has its answer it may return and the process exit, taking this thread with it
+  // before the other ranks heard why.
+  void answerAll(Code code, const std::string& why) {
+    for (bool ours : {false, true}) {
+      for (auto& slot : slots_) {
+        if (slot && !slot->answered && (slot->pid == static_cast<uint64_t>(getpid())) == ours) {
+          reply(slot->socket, code, why, wire::Addr{});
+          slot->answered = true;
+        }
+      }
+    }
+  }
 
   void reply(net::Socket& s, Code code, const std::string& message, const wire::Addr& next) {
     wire::RootReply r{};
@@ -134,16 +166,9 @@ class Root {
     std::string msg = "rank(s) " + rankList(missing) + " of " + std::to_string(nranks_) +
                       " did not check in with the bootstrap root at " + where + " within " +
                       std::to_string(static_cast<int>(timeoutS_)) + " s (TUTTI_BOOTSTRAP_TIMEOUT)";
+    if (!refused_.empty()) msg += "; before that, " + refused_;
     TUTTI_WARN("bootstrap root: %s", msg.c_str());
-    // Ranks of this process last: once one of them has its answer it may return and the
-    // process exit, taking this thread with it before the other ranks heard why.
-    for (bool ours : {false, true}) {
-      for (auto& slot : slots_) {
-        if (slot && (slot->pid == static_cast<uint64_t>(getpid())) == ours) {
-          reply(slot->socket, Code::kTimeout, msg, wire::Addr{});
-        }
-      }
-    }
+    answerAll(Code::kTimeout, msg);
   }
 
   net::Socket listener_;
@@ -153,6 +178,9 @@ class Root {
   Acceptor acceptor_;
   int nranks_ = -1;
   int arrived_ = 0;
+  uint32_t fingerprint_ = 0;  // the first rank's build (wire::buildFingerprint)
+  int firstRank_ = -1;
+  std::string refused_;  // why the whole job is refused (every rank is told at once)
   std::vector<std::optional<Slot>> slots_;
 };
 

@@ -14,6 +14,7 @@
 #include "kernels/cuda/dev_work.h"
 #include "runtime/cuda_shim.h"
 #include "runtime/env.h"
+#include "runtime/version.h"
 
 namespace tutti {
 
@@ -167,6 +168,14 @@ Status checkDeviceSettingsAgree(const PeerInfo* peers, size_t n) {
     }
   }
   return Status::Ok();
+}
+
+uint32_t wire::buildFingerprint() {
+  std::string layout = std::string(kTuttiVersionString) + "/" + std::to_string(sizeof(PeerInfo)) +
+                       "/" + std::to_string(sizeof(DeviceSettings));
+  for (const char* name : kHostSettingNames) layout += std::string("/") + name;
+  const uint64_t h = fnv1a(layout.data(), layout.size());
+  return static_cast<uint32_t>(h ^ (h >> 32)) | 1;
 }
 
 PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr) {

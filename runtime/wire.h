@@ -56,11 +56,17 @@ struct Hello {
   uint32_t kind;
   int32_t rank;
   int32_t nranks;
-  uint32_t tag;
+  uint32_t tag;   // kCheckIn: the sender's buildFingerprint()
   uint64_t size;  // payload bytes that follow (kP2p); the sender's pid (kCheckIn)
   Addr addr;      // the sender's bootstrap listener (kCheckIn)
 };
 static_assert(sizeof(Hello) == 64);
+
+// What the ranks exchange once the bootstrap ring stands (PeerInfo's layout, the settings they
+// compare, the release) in 32 bits, never 0. Ranks of builds that differ there would misread
+// each other's peer info, so the root refuses the job at check-in; builds from before the check
+// send 0. (Defined beside PeerInfo, runtime/peer_info.cc.)
+uint32_t buildFingerprint();
 
 // The root's answer to a check-in: ok + the next rank's address, or an error text.
 struct RootReply {

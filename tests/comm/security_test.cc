@@ -91,3 +91,46 @@ TEST(Security, WrongRankCountIsRefusedWithAMessage) {
   EXPECT_EQ(ncclCommDestroy(c0), ncclSuccess);
   EXPECT_EQ(ncclCommDestroy(c1), ncclSuccess);
 }
+
+// A rank of another tutti build (here a check-in with a build fingerprint of 0, as every build
+// from before the check sends) fails the whole job at once, on every rank, naming the rank:
+// before, the ranks went on to exchange peer info of different layouts.
+TEST(Security, ARankOfAnotherTuttiBuildFailsTheWholeJobAtOnce) {
+  ScopedEnv timeout("TUTTI_BOOTSTRAP_TIMEOUT", "60");
+  ncclUniqueId raw = makeId();
+  wire::UniqueId id;
+  memcpy(&id, raw.internal, sizeof(id));
+  // Ranks 0 and 2 of a 3-rank job check in ...
+  ncclComm_t c0 = nullptr, c2 = nullptr;
+  ncclConfig_t cfg = nonblockingConfig();
+  ASSERT_EQ(ncclCommInitRankConfig(&c0, 3, raw, 0, &cfg), ncclInProgress);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(ncclCommInitRankConfig(&c2, 3, raw, 2, &cfg), ncclInProgress);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // ... then rank 1, of an older build.
+  const double start = now();
+  net::Socket old = connectTo(rootOf(raw));
+  wire::Hello h{};
+  h.magic = wire::kHelloMagic;
+  h.secret = id.secret;
+  h.kind = static_cast<uint32_t>(wire::HelloKind::kCheckIn);
+  h.rank = 1;
+  h.nranks = 3;
+  ASSERT_TRUE(old.sendAll(&h, sizeof(h), net::deadlineAfter(5), nullptr).ok());
+  wire::RootReply reply{};
+  ASSERT_TRUE(old.recvAll(&reply, sizeof(reply), net::deadlineAfter(10), nullptr).ok());
+  reply.message[sizeof(reply.message) - 1] = 0;
+  EXPECT_EQ(reply.code, static_cast<int32_t>(Code::kInvalidUsage));
+  const std::string why =
+      "rank 1 runs another tutti build than rank 0 (build fingerprints "
+      "00000000 against ";
+  EXPECT_NE(std::string(reply.message).find(why), std::string::npos) << reply.message;
+  for (ncclComm_t c : {c0, c2}) {
+    EXPECT_EQ(waitInitialized(c), ncclInvalidUsage);
+    EXPECT_NE(std::string(ncclGetLastError(c)).find(why), std::string::npos) << ncclGetLastError(c);
+    EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+  }
+  EXPECT_LT(secondsSince(start), 10.0);
+  // Ranks of one build carry one fingerprint, never the 0 of the builds before the check.
+  EXPECT_NE(wire::buildFingerprint(), 0u);
+}
