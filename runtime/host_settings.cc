@@ -31,17 +31,21 @@ HostSettings hostSettingsFromEnv() {
     if (!v || v->empty()) continue;
     h.hash[i] = fnv1a(v->data(), v->size());
     if (h.hash[i] == 0) h.hash[i] = 1;  // 0 means unset
-    snprintf(h.shown[i], HostSettings::kShown, "%s", v->c_str());
+    // A value too long to show whole says so: the hash tells it apart all the same.
+    const int room = static_cast<int>(HostSettings::kShown) - 1;
+    if (static_cast<int>(v->size()) <= room) {
+      snprintf(h.shown[i], HostSettings::kShown, "%s", v->c_str());
+    } else {
+      snprintf(h.shown[i], HostSettings::kShown, "%.*s...", room - 3, v->c_str());
+    }
   }
   return h;
 }
 
 Status checkHostSettingsAgree(const PeerInfo* peers, size_t n) {
   auto shown = [](const HostSettings& h, int i) {
-    if (!h.hash[i]) return std::string("unset");
-    std::string s(h.shown[i], strnlen(h.shown[i], HostSettings::kShown));
-    // Cut short: the hash told them apart, so say that there is more.
-    return s.size() == HostSettings::kShown - 1 ? s + "..." : s;
+    return h.hash[i] ? std::string(h.shown[i], strnlen(h.shown[i], HostSettings::kShown))
+                     : std::string("unset");
   };
   std::string differ;
   int count = 0;

@@ -25,7 +25,7 @@ struct HostSettings {
   static constexpr int kCount = 27;
   static constexpr size_t kShown = 16;
   uint64_t hash[kCount];       // fnv1a of the value as set; 0 where unset or empty
-  char shown[kCount][kShown];  // the value as set, cut to kShown - 1 characters
+  char shown[kCount][kShown];  // the value as set; a longer one cut, ending in "..."
 };
 
 // The names, in HostSettings' order.

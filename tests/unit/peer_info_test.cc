@@ -156,6 +156,7 @@ TEST(PeerInfo, EveryRankMustAgreeOnTheHostSettings) {
   EXPECT_EQ(fresh.hash[buff], 0u);  // empty: unset
   EXPECT_NE(set.hash[rd], 0u);
   EXPECT_STREQ(set.shown[buff], "2097152");
+  EXPECT_STREQ(set.shown[net], "a-network-pl...");  // 21 characters, cut
 
   std::vector<PeerInfo> peers(4);
   for (int r = 0; r < 4; ++r) {
@@ -177,11 +178,11 @@ TEST(PeerInfo, EveryRankMustAgreeOnTheHostSettings) {
   // Every variable that differs is named, each once; a long value is cut, and says so.
   for (PeerInfo& p : peers) p.host = set;
   peers[3].host = fresh;
-  peers[1].host.hash[net] ^= 1;  // the same first 15 characters, another value
+  peers[1].host.hash[net] ^= 1;  // the same first 12 characters, another value
   s = tutti::checkHostSettingsAgree(peers.data(), peers.size());
   EXPECT_NE(s.message().find("3 settings differ between ranks (NCCL_BUFFSIZE: rank 0 reads "
                              "2097152, rank 3 reads unset; NCCL_NET: rank 0 reads "
-                             "a-network-plugi..., rank 1 reads a-network-plugi...; "
+                             "a-network-pl..., rank 1 reads a-network-pl...; "
                              "TUTTI_RD_MAX_BYTES: rank 0 reads 0, rank 3 reads unset)"),
             std::string::npos)
       << s.message();
