@@ -171,8 +171,7 @@ Status checkDeviceSettingsAgree(const PeerInfo* peers, size_t n) {
 }
 
 uint32_t wire::buildFingerprint() {
-  std::string layout = std::string(kTuttiVersionString) + "/" + std::to_string(sizeof(PeerInfo)) +
-                       "/" + std::to_string(sizeof(DeviceSettings));
+  std::string layout = std::string(kTuttiVersionString) + "/" + std::to_string(sizeof(PeerInfo));
   for (const char* name : kHostSettingNames) layout += std::string("/") + name;
   const uint64_t h = fnv1a(layout.data(), layout.size());
   return static_cast<uint32_t>(h ^ (h >> 32)) | 1;
