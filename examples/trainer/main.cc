@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "examples/trainer/blas_core.h"
 #include "examples/trainer/gpu_model.h"
 #include "examples/trainer/trainer.h"
 #include "tutti.h"
@@ -141,6 +142,7 @@ int runThreads(trainer::Options o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  trainer::rerunWithBetterBlas(argv);  // first: no thread or communicator exists yet
   trainer::Options o;
   std::string err;
   int p = trainer::parseOptions(argc, argv, &o, &err);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "examples/trainer/blas_core.h"
 #include "examples/trainer/checkpoint.h"
 #include "examples/trainer/gpu_model.h"
 #include "examples/trainer/grad_sync.h"
@@ -412,6 +413,7 @@ TrainResult Run::go(const Dataset* data) {
       gpu_                     ? "; on a communication stream of the GPU"
       : o_.overlap_why.empty() ? ""
                                : ("; " + o_.overlap_why).c_str());
+  if (!gpu_) say("  %s\n", blasText().c_str());
   if (!o_.resume.empty())
     say("  resumed from %s at step %lld\n", o_.resume.c_str(), (long long)step_);
   if (step_ >= total_steps_) say("  nothing to do: step %lld reached\n", (long long)step_);

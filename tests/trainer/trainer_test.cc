@@ -16,6 +16,7 @@
 #include <regex>
 #include <thread>
 
+#include "examples/trainer/blas_core.h"
 #include "examples/trainer/checkpoint.h"
 #include "examples/trainer/gpu_model.h"
 #include "examples/trainer/grad_sync.h"
@@ -438,6 +439,25 @@ TEST(Trainer, IdxReaderNamesWhatIsWrong) {
   remove(p.c_str());
 }
 
+// OpenBLAS takes a CPU model it does not know for a generic pre-AVX core; tutti-train then
+// names the widest kernels the CPU runs, and leaves a core OpenBLAS knows as it is.
+TEST(Trainer, AGenericBlasCoreGivesWayToTheWidestKernelsTheCpuRuns) {
+  CpuVectors none, avx, avx2, avx512;
+  avx.avx = true;
+  avx2.avx = avx2.avx2_fma = true;
+  avx512.avx = avx512.avx2_fma = avx512.avx512 = true;
+  for (const char* generic : {"Prescott", "Core2", "Nehalem", "Unknown", "Opteron_SSE3"}) {
+    EXPECT_EQ(betterBlasCore(generic, avx512), "SKYLAKEX") << generic;
+    EXPECT_EQ(betterBlasCore(generic, avx2), "HASWELL") << generic;
+    EXPECT_EQ(betterBlasCore(generic, avx), "SANDYBRIDGE") << generic;
+    EXPECT_EQ(betterBlasCore(generic, none), "") << generic;
+  }
+  EXPECT_EQ(betterBlasCore("PRESCOTT", avx512), "SKYLAKEX");  // case as OPENBLAS_CORETYPE's
+  for (const char* known : {"Haswell", "SkylakeX", "Cooperlake", "Zen", "Sandybridge", ""}) {
+    EXPECT_EQ(betterBlasCore(known, avx512), "") << known;
+  }
+}
+
 TEST(Trainer, OptionsAreParsedAndBadOnesNamed) {
   auto parse = [](std::vector<const char*> args, Options* o, std::string* err) {
     args.insert(args.begin(), "tutti-train");
@@ -661,6 +681,33 @@ TEST(TrainerProcesses, AnErrorEveryRankMakesIsPrintedOnce) {
     }
     EXPECT_EQ(count, 1u) << cmd << "\n" << out;
   }
+}
+
+// A rank process runs the widest BLAS kernels its CPU has, also where OpenBLAS does not know the
+// CPU (Debian 12's OpenBLAS takes a 5th-generation Xeon, family 6 model 207, for a Prescott, 3x
+// slower: tutti-train runs itself again with OPENBLAS_CORETYPE set), under tutti-run too; a
+// core the user sets is kept.
+TEST(TrainerProcesses, RanksRunTheWidestBlasKernelsTheCpuHas) {
+  const std::string args = " --epochs 1 --batch 64 --train-limit 256 --test-limit 64";
+  const std::regex line(R"(BLAS: OpenBLAS, (\w+) kernels)");
+  for (const std::string& cmd :
+       {"env -u OPENBLAS_CORETYPE -u TUTTI_TRAIN_BLAS_CHOSE " + std::string(TUTTI_TRAIN_BIN) + args,
+        "env -u OPENBLAS_CORETYPE -u TUTTI_TRAIN_BLAS_CHOSE " + std::string(TUTTI_RUN_BIN) +
+            " -n 2 " + TUTTI_TRAIN_BIN + args}) {
+    const tutti::test::RunResult r = tutti::test::runShell(cmd);
+    ASSERT_EQ(r.exitCode, 0) << cmd << "\n" << r.output;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.output, m, line)) << cmd << "\n" << r.output;
+    EXPECT_EQ(betterBlasCore(m[1], cpuVectors()), "")
+        << "OpenBLAS runs " << m[1] << " kernels on a CPU with AVX\n" << cmd << "\n" << r.output;
+    EXPECT_NE(r.output.find("epoch 1/1"), std::string::npos) << cmd << "\n" << r.output;
+  }
+  const tutti::test::RunResult r = tutti::test::runShell(
+      "env OPENBLAS_CORETYPE=PRESCOTT " + std::string(TUTTI_TRAIN_BIN) + args);
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("BLAS: OpenBLAS, Prescott kernels (OPENBLAS_CORETYPE=PRESCOTT)"),
+            std::string::npos)
+      << r.output;
 }
 
 // A rank that fails alone in mid-step (TUTTI_TRAINER_FAIL_AT; on the GPU, a CUDA error) must
