@@ -98,6 +98,25 @@ Result<LaunchSpec> resolveLaunchEnv(const EnvLookup& env) {
     s.rendezvous = firstSlurmHost(nodes) + ":" + std::to_string(*port);
     return s;
   }
+  // mpirun on one host (every rank local): rank 0 is on this host, and Open MPI's job id, the
+  // same for every rank of one mpirun and another for the next, picks the port. Across hosts
+  // Open MPI does not say where rank 0 runs.
+  if (s.source == "Open MPI") {
+    auto local = asInt(env("OMPI_COMM_WORLD_LOCAL_SIZE"));
+    const std::string j = get("OMPI_MCA_ess_base_jobid");  // a 32-bit number
+    char* end = nullptr;
+    const unsigned long long job = j.empty() ? 0 : strtoull(j.c_str(), &end, 10);
+    if (local && *local == s.nranks && !j.empty() && *end == '\0') {
+      if (!port) port = 29600 + int(job % 1000);
+      s.rendezvous = "127.0.0.1:" + std::to_string(*port);
+      return s;
+    }
+    return invalidUsage(
+        "found Open MPI rank and size" +
+        std::string(local && *local < s.nranks ? " with ranks on several hosts" : "") +
+        " but no rendezvous address: set NCCL_COMM_ID=host:port or MASTER_ADDR and MASTER_PORT "
+        "(rank 0's host; mpirun -x passes them on), or run every rank on one host");
+  }
   return invalidUsage("found " + s.source +
                       " rank and size but no rendezvous address: set NCCL_COMM_ID=host:port or "
                       "MASTER_ADDR and MASTER_PORT (rank 0's host)");

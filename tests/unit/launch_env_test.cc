@@ -55,6 +55,32 @@ TEST(LaunchEnv, OpenMpiNeedsARendezvous) {
   EXPECT_EQ(s.value().rendezvous, "node7:5000");
 }
 
+// mpirun on one host needs no address: rank 0 is local, and the job id picks the port.
+TEST(LaunchEnv, OpenMpiOnOneHostRendezvousesLocally) {
+  std::map<std::string, std::string> v = {{"OMPI_COMM_WORLD_RANK", "2"},
+                                          {"OMPI_COMM_WORLD_SIZE", "4"},
+                                          {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                                          {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                                          {"OMPI_MCA_ess_base_jobid", "2063794177"}};
+  auto s = resolve(v);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s.value().rendezvous, "127.0.0.1:" + std::to_string(29600 + 177));
+  EXPECT_NE(s.value().jobKey.find("2063794177"), std::string::npos);
+  v["TUTTI_PORT"] = "31000";
+  EXPECT_EQ(resolve(v).value().rendezvous, "127.0.0.1:31000");
+  v["NCCL_COMM_ID"] = "node7:5000";  // an address the user gives wins
+  EXPECT_EQ(resolve(v).value().rendezvous, "node7:5000");
+  v.erase("NCCL_COMM_ID");
+  v["OMPI_COMM_WORLD_LOCAL_SIZE"] = "2";  // two hosts: where rank 0 runs is not known
+  s = resolve(v);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("ranks on several hosts"), std::string::npos)
+      << s.status().message();
+  v["OMPI_COMM_WORLD_LOCAL_SIZE"] = "4";
+  v["OMPI_MCA_ess_base_jobid"] = "x1";
+  EXPECT_FALSE(resolve(v).ok());
+}
+
 TEST(LaunchEnv, SlurmUsesFirstNodeAndJobPort) {
   auto s = resolve({{"SLURM_PROCID", "5"},
                     {"SLURM_NTASKS", "16"},
