@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -29,6 +30,9 @@ class Root {
  public:
   static constexpr int kMaxRanks = 1 << 20;
   static constexpr double kIdleSeconds = 3600;
+  // After refusing the job, how long the root waits for the ranks still to come before it
+  // answers this process's own ranks (see run()); TUTTI_BOOTSTRAP_TIMEOUT when that is less.
+  static constexpr double kRefusalGraceS = 10;
 
   Root(net::Socket listener, uint64_t secret, double timeoutS, const std::atomic<bool>* stop)
       : listener_(std::move(listener)),
@@ -107,10 +111,22 @@ class Root {
         TUTTI_WARN("bootstrap root %s: %s", where.c_str(), refused_.c_str());
       }
       // Every rank hears a refusal of the whole job at once: those that checked in, and the
-      // rest as they come, rather than at the deadline.
-      if (!refused_.empty()) answerAll(Code::kInvalidUsage, refused_);
+      // rest as they come, rather than at the deadline. Except this process's ranks: told, one
+      // may return and the process exit, taking this thread with it, and the ranks still to
+      // come would wait for a root that is gone until their own deadline, not knowing why. So
+      // they are told last, once every rank has checked in or kRefusalGraceS have passed.
+      if (!refused_.empty()) {
+        if (refusedAt_ == net::Deadline{}) {
+          refusedAt_ = net::Clock::now();
+          deadline = std::min(deadline, net::deadlineAfter(std::min(timeoutS_, kRefusalGraceS)));
+        }
+        answerAll(Code::kInvalidUsage, refused_, /*ours=*/false);
+      }
     }
-    if (!refused_.empty()) return;
+    if (!refused_.empty()) {
+      answerAll(Code::kInvalidUsage, refused_);
+      return;
+    }
     for (int r = 0; r < nranks_; ++r) {
       auto& next = slots_[static_cast<size_t>((r + 1) % nranks_)];
       reply(slots_[static_cast<size_t>(r)]->socket, Code::kOk, "", next->addr);
@@ -127,11 +143,12 @@ class Root {
     bool answered = false;  // told of a failure already
   };
 
-  // Tells every rank that checked in and was not told yet; ranks of this process last: once
-  // one of them has its answer it may return and the process exit, taking this thread with it
-  // before the other ranks heard why.
-  void answerAll(Code code, const std::string& why) {
+  // Tells every rank that checked in and was not told yet; ranks of this process last (or not
+  // at all where !ours): once one of them has its answer it may return and the process exit,
+  // taking this thread with it before the other ranks heard why.
+  void answerAll(Code code, const std::string& why, bool ours_too = true) {
     for (bool ours : {false, true}) {
+      if (ours && !ours_too) break;
       for (auto& slot : slots_) {
         if (slot && !slot->answered && (slot->pid == static_cast<uint64_t>(getpid())) == ours) {
           reply(slot->socket, code, why, wire::Addr{});
@@ -163,10 +180,19 @@ class Root {
                  std::max(timeoutS_, kIdleSeconds));
       return;
     }
+    if (!refused_.empty()) {  // the refusal's grace ended: its reason comes first
+      const double waited = std::chrono::duration<double>(net::Clock::now() - refusedAt_).count();
+      char after[32];
+      snprintf(after, sizeof after, "%.0f", waited);
+      std::string msg = refused_ + " (rank(s) " + rankList(missing) + " had not checked in " +
+                        after + " s after that, and were not told)";
+      TUTTI_WARN("bootstrap root: %s", msg.c_str());
+      answerAll(Code::kInvalidUsage, msg);
+      return;
+    }
     std::string msg = "rank(s) " + rankList(missing) + " of " + std::to_string(nranks_) +
                       " did not check in with the bootstrap root at " + where + " within " +
                       std::to_string(static_cast<int>(timeoutS_)) + " s (TUTTI_BOOTSTRAP_TIMEOUT)";
-    if (!refused_.empty()) msg += "; before that, " + refused_;
     TUTTI_WARN("bootstrap root: %s", msg.c_str());
     answerAll(Code::kTimeout, msg);
   }
@@ -180,7 +206,8 @@ class Root {
   int arrived_ = 0;
   uint32_t fingerprint_ = 0;  // the first rank's build (wire::buildFingerprint)
   int firstRank_ = -1;
-  std::string refused_;  // why the whole job is refused (every rank is told at once)
+  std::string refused_;        // why the whole job is refused (every rank is told at once)
+  net::Deadline refusedAt_{};  // when it was (the epoch: not refused)
   std::vector<std::optional<Slot>> slots_;
 };
 

@@ -26,6 +26,32 @@ net::Socket connectTo(const net::SockAddr& a) {
   return s.ok() ? s.take() : net::Socket();
 }
 
+// A rank of another process checking in by hand: build fingerprint `tag` (0: a build from before
+// the check), no pid. Returns the socket the root answers on.
+net::Socket checkIn(const ncclUniqueId& raw, int rank, int nranks, uint32_t tag) {
+  wire::UniqueId id;
+  memcpy(&id, raw.internal, sizeof(id));
+  net::Socket s = connectTo(rootOf(raw));
+  wire::Hello h{};
+  h.magic = wire::kHelloMagic;
+  h.secret = id.secret;
+  h.kind = static_cast<uint32_t>(wire::HelloKind::kCheckIn);
+  h.rank = rank;
+  h.nranks = nranks;
+  h.tag = tag;
+  EXPECT_TRUE(s.sendAll(&h, sizeof(h), net::deadlineAfter(5), nullptr).ok());
+  return s;
+}
+
+// The root's answer on s (within 10 s): its code and message.
+std::pair<int32_t, std::string> answerOn(net::Socket& s) {
+  wire::RootReply reply{};
+  Status st = s.recvAll(&reply, sizeof(reply), net::deadlineAfter(10), nullptr);
+  EXPECT_TRUE(st.ok()) << st.message();
+  reply.message[sizeof(reply.message) - 1] = 0;
+  return {reply.code, reply.message};
+}
+
 }  // namespace
 
 TEST(Security, IntrudersAreDroppedAndTheCommunicatorForms) {
@@ -133,4 +159,60 @@ TEST(Security, ARankOfAnotherTuttiBuildFailsTheWholeJobAtOnce) {
   EXPECT_LT(secondsSince(start), 10.0);
   // Ranks of one build carry one fingerprint, never the 0 of the builds before the check.
   EXPECT_NE(wire::buildFingerprint(), 0u);
+}
+
+// A refused job's ranks still to come hear why before the root's own process does: told, that
+// process may exit (its rank 0 failed), taking the root with it, and a rank that came later would
+// wait for a root that is gone until its own deadline, not knowing why. So the root's own ranks
+// are told once every rank has checked in, or TUTTI_BOOTSTRAP_TIMEOUT (at most 10 s) after the
+// refusal, naming the ranks that had not come.
+TEST(Security, ARefusedJobTellsTheRanksStillToComeBeforeTheRootsOwnRanks) {
+  const std::string why =
+      "rank 1 runs another tutti build than rank 0 (build fingerprints 00000000";
+  {
+    ScopedEnv timeout("TUTTI_BOOTSTRAP_TIMEOUT", "60");
+    ncclUniqueId raw = makeId();  // the root runs in this process, as rank 0's does
+    ncclComm_t c0 = nullptr;
+    ncclConfig_t cfg = nonblockingConfig();
+    ASSERT_EQ(ncclCommInitRankConfig(&c0, 3, raw, 0, &cfg), ncclInProgress);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    net::Socket old = checkIn(raw, 1, 3, 0);
+    auto [code1, msg1] = answerOn(old);
+    EXPECT_EQ(code1, static_cast<int32_t>(Code::kInvalidUsage));
+    EXPECT_NE(msg1.find(why), std::string::npos) << msg1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ncclResult_t state = ncclSuccess;
+    EXPECT_EQ(ncclCommGetAsyncError(c0, &state), ncclSuccess);
+    EXPECT_EQ(state, ncclInProgress) << "rank 0 was told before rank 2 came";
+    const double start = now();
+    net::Socket late = checkIn(raw, 2, 3, wire::buildFingerprint());
+    auto [code2, msg2] = answerOn(late);
+    EXPECT_EQ(code2, static_cast<int32_t>(Code::kInvalidUsage));
+    EXPECT_NE(msg2.find(why), std::string::npos) << msg2;
+    EXPECT_EQ(waitInitialized(c0), ncclInvalidUsage);
+    EXPECT_NE(std::string(ncclGetLastError(c0)).find(why), std::string::npos)
+        << ncclGetLastError(c0);
+    EXPECT_LT(secondsSince(start), 5.0);
+    EXPECT_EQ(ncclCommAbort(c0), ncclSuccess);
+  }
+  {  // rank 2 never comes: rank 0 is told when the grace ends, which names it
+    ScopedEnv timeout("TUTTI_BOOTSTRAP_TIMEOUT", "2");
+    ncclUniqueId raw = makeId();
+    ncclComm_t c0 = nullptr;
+    ncclConfig_t cfg = nonblockingConfig();
+    ASSERT_EQ(ncclCommInitRankConfig(&c0, 3, raw, 0, &cfg), ncclInProgress);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const double start = now();
+    net::Socket old = checkIn(raw, 1, 3, 0);
+    EXPECT_EQ(answerOn(old).first, static_cast<int32_t>(Code::kInvalidUsage));
+    EXPECT_EQ(waitInitialized(c0), ncclInvalidUsage);
+    const std::string last = ncclGetLastError(c0);
+    EXPECT_NE(last.find(why), std::string::npos) << last;
+    EXPECT_NE(last.find("rank(s) 2 had not checked in 2 s after that, and were not told"),
+              std::string::npos)
+        << last;
+    EXPECT_GT(secondsSince(start), 1.5);
+    EXPECT_LT(secondsSince(start), 10.0);
+    EXPECT_EQ(ncclCommAbort(c0), ncclSuccess);
+  }
 }
