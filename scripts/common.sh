@@ -7,7 +7,9 @@ PACKAGES=(cmake g++ ninja-build ccache pkg-config libgtest-dev libgmock-dev libb
           # the trainer demo (examples/trainer): Fashion-MNIST, OpenBLAS, zlib
           dataset-fashion-mnist libopenblas-dev zlib1g-dev
           # the comparison harness (bench/compare): Open MPI, Gloo, gnuplot
-          openmpi-bin libopenmpi-dev libgloo-dev gnuplot-nox)
+          openmpi-bin libopenmpi-dev libgloo-dev gnuplot-nox
+          # launchers the tests start for real (tests/launch): a one-node Slurm cluster
+          slurmd slurmctld slurm-client munge)
 
 install_deps() {
   local missing=()
