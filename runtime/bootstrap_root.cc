@@ -120,7 +120,7 @@ class Root {
           refusedAt_ = net::Clock::now();
           deadline = std::min(deadline, net::deadlineAfter(std::min(timeoutS_, kRefusalGraceS)));
         }
-        answerAll(Code::kInvalidUsage, refused_, /*ours=*/false);
+        answerAll(Code::kInvalidUsage, refused_, /*ours_too=*/false);
       }
     }
     if (!refused_.empty()) {

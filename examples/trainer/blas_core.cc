@@ -68,7 +68,7 @@ std::string blasText() {
   if (chose && set) {
     s += std::string(" (tutti-train set OPENBLAS_CORETYPE=") + set +
          ": OpenBLAS took this CPU for " + (*chose ? chose : "an unknown one") +
-         ", whose kernels have no AVX; set OPENBLAS_CORETYPE " + "to choose)";
+         ", whose kernels have no AVX; set OPENBLAS_CORETYPE to choose)";
   } else if (set) {
     s += std::string(" (OPENBLAS_CORETYPE=") + set + ")";
   } else if (!betterBlasCore(core, cpuVectors()).empty()) {
