@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Ranks launched by a real srun, on a Slurm cluster this script starts (munged with its own key
+# and socket, slurmctld, a slurmd per node) in a scratch folder; tutti-perf and tutti-train
+# then run under srun and meet from Slurm's environment alone (tuttiCommInitFromEnv:
+# SLURM_PROCID, SLURM_NTASKS, the step's first node, a port from the job id).
+#   slurm_cluster.sh BUILD_DIR 1   one node, localhost
+#   slurm_cluster.sh BUILD_DIR 2   two nodes, each in a network namespace of its own joined by
+#                                  a veth pair, their names (t<pid>n1, t<pid>n2: Slurm lists
+#                                  them as t<pid>n[1-2]) in /etc/hosts for the run; 4 ranks,
+#                                  2 a node, shm inside a node and tcp between
+# Needs root. Exits 77 (ctest: skipped) without root, Slurm or namespaces, or where a Slurm
+# daemon cannot start here (its log says why); everything it started or wrote is undone at exit.
+set -uo pipefail
+BUILD="$1"
+NODES="${2:-1}"
+skip() { echo "skipped: $*"; exit 77; }
+[ "$(id -u)" = 0 ] || skip "slurmd and munged need root here"
+for t in munged mungekey slurmctld slurmd srun sinfo python3; do
+  command -v "$t" >/dev/null || skip "no $t (apt-get install slurmd slurmctld slurm-client munge)"
+done
+
+DIR="$(mktemp -d /tmp/tutti-slurm.XXXXXX)"
+chmod 755 "$DIR"
+TAG=$$
+NSA="tsa$TAG" NSB="tsb$TAG"
+cleanup() {
+  # Every daemon's command line names $DIR (its key, socket or slurm.conf).
+  pkill -f "$DIR" 2>/dev/null
+  for _ in $(seq 20); do pgrep -f "$DIR" >/dev/null || break; sleep 0.25; done
+  pkill -9 -f "$DIR" 2>/dev/null
+  if ((NODES == 2)); then
+    ip netns del "$NSA" 2>/dev/null
+    ip netns del "$NSB" 2>/dev/null
+    # /etc/hosts may be a bind mount: rewritten in place, not replaced.
+    if grep -q "# $DIR" /etc/hosts; then
+      grep -v "# $DIR" /etc/hosts >"$DIR/hosts" && cat "$DIR/hosts" >/etc/hosts
+    fi
+  fi
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+logs() { for f in "$DIR"/log/*; do echo "---- $f"; tail -15 "$f"; done; }
+fail() {
+  echo "FAILED: $*"
+  logs
+  exit 1
+}
+mkdir -p "$DIR"/{state,log}
+
+# Where each node's daemons and the ranks run: as is (one node), or in the node's network
+# namespace alone (nsenter keeps this mount namespace; `ip netns exec` mounts a /sys of its own,
+# without the cgroup file systems slurmd needs).
+on() {
+  local node="$1"; shift
+  if ((NODES == 1)); then "$@"; else nsenter --net="/var/run/netns/$node" "$@"; fi
+}
+if ((NODES == 2)); then
+  command -v nsenter >/dev/null || skip "no nsenter"
+  ip netns add "$NSA" 2>/dev/null && ip netns add "$NSB" 2>/dev/null ||
+    skip "cannot create network namespaces here"
+  ip link add "va$TAG" netns "$NSA" type veth peer name "vb$TAG" netns "$NSB" || fail "veth"
+  ip -n "$NSA" addr add 10.231.78.1/30 dev "va$TAG" && ip -n "$NSA" link set "va$TAG" up &&
+    ip -n "$NSB" addr add 10.231.78.2/30 dev "vb$TAG" && ip -n "$NSB" link set "vb$TAG" up &&
+    ip -n "$NSA" link set lo up && ip -n "$NSB" link set lo up || fail "addresses"
+  N1="t${TAG}n1" N2="t${TAG}n2"
+  printf '10.231.78.1 %s # %s\n10.231.78.2 %s # %s\n' "$N1" "$DIR" "$N2" "$DIR" >>/etc/hosts
+  CTLD_ADDR=10.231.78.1 CTLD_PORT=6817 SLURMD_PORT=6818
+  NODE_LINES="NodeName=$N1 NodeAddr=10.231.78.1 CPUs=$(nproc) State=UNKNOWN
+NodeName=$N2 NodeAddr=10.231.78.2 CPUs=$(nproc) State=UNKNOWN"
+  HOSTS=("$NSA:$N1" "$NSB:$N2")
+else
+  read -r CTLD_PORT SLURMD_PORT < <(python3 -c '
+import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])')
+  CTLD_ADDR=127.0.0.1
+  NODE_LINES="NodeName=localhost NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN"
+  HOSTS=("-:localhost")
+fi
+FIRST="${HOSTS[0]%%:*}"
+
+mungekey --create --keyfile="$DIR/munge.key" >/dev/null 2>&1 || fail "mungekey"
+chmod 0400 "$DIR/munge.key"
+munged --force --socket="$DIR/munge.socket" --key-file="$DIR/munge.key" \
+  --pid-file="$DIR/munged.pid" --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge.seed" ||
+  skip "munged could not start here"
+
+export SLURM_CONF="$DIR/slurm.conf"
+# slurmctld runs only where SlurmctldHost names this host; it takes "localhost" for any.
+cat >"$SLURM_CONF" <<EOF
+ClusterName=tutti
+SlurmctldHost=localhost($CTLD_ADDR)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$DIR/munge.socket
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool-%n
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmdPidFile=$DIR/slurmd-%n.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+MpiDefault=none
+$NODE_LINES
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+on "$FIRST" slurmctld -D -i -f "$SLURM_CONF" >"$DIR/log/slurmctld.out" 2>&1 &
+for h in "${HOSTS[@]}"; do
+  on "${h%%:*}" slurmd -D -N "${h#*:}" -f "$SLURM_CONF" >"$DIR/log/slurmd-${h#*:}.out" 2>&1 &
+done
+idle() { on "$FIRST" sinfo -h -N -o %t 2>/dev/null | grep -c idle; }
+for _ in $(seq 60); do
+  [ "$(idle)" = "$NODES" ] && break
+  # A daemon that ended at start-up (no cgroup file system, say) is this machine's limit.
+  for d in slurmctld slurmd; do
+    if ! pgrep -f "$d -D .*$DIR" >/dev/null; then
+      logs
+      skip "$d could not start here (its log above)"
+    fi
+  done
+  sleep 0.5
+done
+[ "$(idle)" = "$NODES" ] || fail "not $NODES idle nodes within 30 s: $(on "$FIRST" sinfo -N 2>&1)"
+echo "== a Slurm cluster of $NODES node(s) is up:"
+on "$FIRST" sinfo -N
+
+# No other way to meet: the rendezvous must come from Slurm's variables.
+unset NCCL_COMM_ID MASTER_ADDR MASTER_PORT TUTTI_PORT RANK WORLD_SIZE
+((NODES == 2)) && export NCCL_SOCKET_IFNAME=v  # the veth ends (va..., vb...)
+RANKS=$((2 * NODES))
+echo "== srun -N $NODES -n $RANKS tutti-perf all_reduce"
+out="$(on "$FIRST" timeout 120 srun -N "$NODES" -n "$RANKS" -l bash -c \
+  'echo "rank $SLURM_PROCID on $SLURMD_NODENAME of $SLURM_STEP_NODELIST"' 2>&1)"
+echo "$out"
+out="$(on "$FIRST" timeout 120 srun -N "$NODES" -n "$RANKS" "$BUILD/tutti-perf" all_reduce \
+  -b 8 -e 1M -f 32 -n 3 -w 1 2>&1)"
+rc=$?
+echo "$out"
+((rc == 0)) || fail "srun tutti-perf exited with $rc"
+grep -q "# Out of bounds values : 0 OK" <<<"$out" || fail "tutti-perf found wrong values"
+grep -q "host memory: $RANKS rank(s) in all" <<<"$out" || fail "tutti-perf did not run $RANKS ranks"
+
+if [ -x "$BUILD/tutti-train" ]; then
+  echo "== srun -N $NODES -n 2 tutti-train"
+  out="$(on "$FIRST" timeout 120 srun -N "$NODES" -n 2 "$BUILD/tutti-train" --epochs 1 \
+    --batch 64 --train-limit 4000 --test-limit 500 2>&1)"
+  rc=$?
+  echo "$out"
+  ((rc == 0)) || fail "srun tutti-train exited with $rc"
+  grep -q "tutti-train: 2 CPU ranks" <<<"$out" || fail "tutti-train did not run 2 ranks"
+  [ "$(grep -c "epoch 1/1" <<<"$out")" = 1 ] || fail "not one epoch line (rank 0's alone)"
+fi
+echo "slurm cluster of $NODES node(s): PASSED"
