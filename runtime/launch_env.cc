@@ -117,9 +117,13 @@ Result<LaunchSpec> resolveLaunchEnv(const EnvLookup& env) {
         " but no rendezvous address: set NCCL_COMM_ID=host:port or MASTER_ADDR and MASTER_PORT "
         "(rank 0's host; mpirun -x passes them on), or run every rank on one host");
   }
-  return invalidUsage("found " + s.source +
-                      " rank and size but no rendezvous address: set NCCL_COMM_ID=host:port or "
-                      "MASTER_ADDR and MASTER_PORT (rank 0's host)");
+  // PMI (MPICH's and Intel MPI's Hydra) names no job, so nothing picks a port alike on every
+  // rank: the launcher passes an address on.
+  return invalidUsage(
+      "found " + s.source +
+      " rank and size but no rendezvous address: set NCCL_COMM_ID=host:port or "
+      "MASTER_ADDR and MASTER_PORT (rank 0's host)" +
+      (s.source == "PMI" ? "; mpiexec -genv NCCL_COMM_ID host:port passes it on" : ""));
 }
 
 }  // namespace tutti

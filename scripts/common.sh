@@ -8,8 +8,9 @@ PACKAGES=(cmake g++ ninja-build ccache pkg-config libgtest-dev libgmock-dev libb
           dataset-fashion-mnist libopenblas-dev zlib1g-dev
           # the comparison harness (bench/compare): Open MPI, Gloo, gnuplot
           openmpi-bin libopenmpi-dev libgloo-dev gnuplot-nox
-          # launchers the tests start for real (tests/launch): a one-node Slurm cluster
-          slurmd slurmctld slurm-client munge)
+          # launchers the tests start for real (tests/launch): Slurm clusters, MPICH's Hydra
+          # (Open MPI's mpirun stays the default mpirun)
+          slurmd slurmctld slurm-client munge mpich)
 
 install_deps() {
   local missing=()

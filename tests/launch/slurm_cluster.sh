@@ -11,6 +11,7 @@
 # Needs root. Exits 77 (ctest: skipped) without root, Slurm or namespaces, or where a Slurm
 # daemon cannot start here (its log says why); everything it started or wrote is undone at exit.
 set -uo pipefail
+# shellcheck disable=SC2034  # read by common.sh
 BUILD="$1"
 NODES="${2:-1}"
 skip() { echo "skipped: $*"; exit 77; }
@@ -138,26 +139,13 @@ on "$FIRST" sinfo -N
 unset NCCL_COMM_ID MASTER_ADDR MASTER_PORT TUTTI_PORT RANK WORLD_SIZE
 ((NODES == 2)) && export NCCL_SOCKET_IFNAME=v  # the veth ends (va..., vb...)
 RANKS=$((2 * NODES))
-echo "== srun -N $NODES -n $RANKS tutti-perf all_reduce"
+echo "== where srun puts the ranks"
 out="$(on "$FIRST" timeout 120 srun -N "$NODES" -n "$RANKS" -l bash -c \
   'echo "rank $SLURM_PROCID on $SLURMD_NODENAME of $SLURM_STEP_NODELIST"' 2>&1)"
 echo "$out"
-out="$(on "$FIRST" timeout 120 srun -N "$NODES" -n "$RANKS" "$BUILD/tutti-perf" all_reduce \
-  -b 8 -e 1M -f 32 -n 3 -w 1 2>&1)"
-rc=$?
-echo "$out"
-((rc == 0)) || fail "srun tutti-perf exited with $rc"
-grep -q "# Out of bounds values : 0 OK" <<<"$out" || fail "tutti-perf found wrong values"
-grep -q "host memory: $RANKS rank(s) in all" <<<"$out" || fail "tutti-perf did not run $RANKS ranks"
-
-if [ -x "$BUILD/tutti-train" ]; then
-  echo "== srun -N $NODES -n 2 tutti-train"
-  out="$(on "$FIRST" timeout 120 srun -N "$NODES" -n 2 "$BUILD/tutti-train" --epochs 1 \
-    --batch 64 --train-limit 4000 --test-limit 500 2>&1)"
-  rc=$?
-  echo "$out"
-  ((rc == 0)) || fail "srun tutti-train exited with $rc"
-  grep -q "tutti-train: 2 CPU ranks" <<<"$out" || fail "tutti-train did not run 2 ranks"
-  [ "$(grep -c "epoch 1/1" <<<"$out")" = 1 ] || fail "not one epoch line (rank 0's alone)"
-fi
+source "$(dirname "$0")/common.sh"
+ON_FIRST=()  # the launch runs where on "$FIRST" would run it (timeout takes no function)
+((NODES == 2)) && ON_FIRST=(nsenter --net="/var/run/netns/$FIRST")
+run_perf "$RANKS" "${ON_FIRST[@]}" srun -N "$NODES" -n "$RANKS"
+run_train "${ON_FIRST[@]}" srun -N "$NODES" -n 2
 echo "slurm cluster of $NODES node(s): PASSED"
