@@ -48,12 +48,25 @@ class Root {
     // the job's deadline starts with that first check-in.
     net::Deadline deadline = net::deadlineAfter(std::max(timeoutS_, kIdleSeconds));
     bool first = true;
+    bool oursTold = false;  // after a refusal: this process's ranks were answered
     while (nranks_ < 0 || arrived_ < nranks_) {
-      Result<Acceptor::Accepted> a = acceptor_.next(deadline, stop_);
+      // After a refusal, this process's ranks wait at most until graceEnd_ (see below).
+      const bool grace = !refused_.empty() && !oursTold;
+      Result<Acceptor::Accepted> a =
+          acceptor_.next(grace ? std::min(deadline, graceEnd_) : deadline, stop_);
       if (!a.ok()) {
         if (stop_ && stop_->load()) {
           TUTTI_INFO(log::kBootstrap, "bootstrap root %s: stopped", where.c_str());
+          if (!refused_.empty()) answerAll(Code::kInvalidUsage, refused_);
           return;
+        }
+        if (grace && net::Clock::now() < deadline) {
+          // The grace ended: this process's ranks hear why now, naming the ranks still to
+          // come, which are told as they come until the job's deadline, while this thread
+          // lives.
+          answerAll(Code::kInvalidUsage, refusedLate(), /*ours_too=*/true);
+          oursTold = true;
+          continue;
         }
         fail(where);
         return;
@@ -118,9 +131,9 @@ class Root {
       if (!refused_.empty()) {
         if (refusedAt_ == net::Deadline{}) {
           refusedAt_ = net::Clock::now();
-          deadline = std::min(deadline, net::deadlineAfter(std::min(timeoutS_, kRefusalGraceS)));
+          graceEnd_ = net::deadlineAfter(std::min(timeoutS_, kRefusalGraceS));
         }
-        answerAll(Code::kInvalidUsage, refused_, /*ours_too=*/false);
+        answerAll(Code::kInvalidUsage, refused_, /*ours_too=*/oursTold);
       }
     }
     if (!refused_.empty()) {
@@ -158,6 +171,19 @@ class Root {
     }
   }
 
+  // The refusal, naming the ranks that had not checked in since.
+  std::string refusedLate() const {
+    std::vector<int> missing;
+    for (int r = 0; r < nranks_; ++r) {
+      if (!slots_[static_cast<size_t>(r)]) missing.push_back(r);
+    }
+    const double waited = std::chrono::duration<double>(net::Clock::now() - refusedAt_).count();
+    char after[32];
+    snprintf(after, sizeof after, "%.0f", waited);
+    return refused_ + " (rank(s) " + rankList(missing) + " had not checked in " + after +
+           " s after that)";
+  }
+
   void reply(net::Socket& s, Code code, const std::string& message, const wire::Addr& next) {
     wire::RootReply r{};
     r.magic = wire::kReplyMagic;
@@ -180,12 +206,8 @@ class Root {
                  std::max(timeoutS_, kIdleSeconds));
       return;
     }
-    if (!refused_.empty()) {  // the refusal's grace ended: its reason comes first
-      const double waited = std::chrono::duration<double>(net::Clock::now() - refusedAt_).count();
-      char after[32];
-      snprintf(after, sizeof after, "%.0f", waited);
-      std::string msg = refused_ + " (rank(s) " + rankList(missing) + " had not checked in " +
-                        after + " s after that, and were not told)";
+    if (!refused_.empty()) {  // the job's deadline after a refusal: its reason comes first
+      const std::string msg = refusedLate();
       TUTTI_WARN("bootstrap root: %s", msg.c_str());
       answerAll(Code::kInvalidUsage, msg);
       return;
@@ -208,6 +230,7 @@ class Root {
   int firstRank_ = -1;
   std::string refused_;        // why the whole job is refused (every rank is told at once)
   net::Deadline refusedAt_{};  // when it was (the epoch: not refused)
+  net::Deadline graceEnd_{};   // when this process's ranks are told at the latest
   std::vector<std::optional<Slot>> slots_;
 };
 
