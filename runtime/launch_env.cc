@@ -1,5 +1,6 @@
 #include "runtime/launch_env.h"
 
+#include <cstdint>
 #include <cstdlib>
 
 namespace tutti {
@@ -98,16 +99,21 @@ Result<LaunchSpec> resolveLaunchEnv(const EnvLookup& env) {
     s.rendezvous = firstSlurmHost(nodes) + ":" + std::to_string(*port);
     return s;
   }
-  // mpirun on one host (every rank local): rank 0 is on this host, and Open MPI's job id, the
-  // same for every rank of one mpirun and another for the next, picks the port. Across hosts
-  // Open MPI does not say where rank 0 runs.
+  // mpirun on one host (every rank local): rank 0 is on this host, and Open MPI's job id
+  // (Open MPI 5: its PMIx namespace), the same for every rank of one mpirun and another for the
+  // next, picks the port: hashed, since Open MPI 4's ids are (family << 16) | 1 and their
+  // remainders by 1000 would take 125 ports alone. Across hosts Open MPI does not say where rank
+  // 0 runs.
   if (s.source == "Open MPI") {
     auto local = asInt(env("OMPI_COMM_WORLD_LOCAL_SIZE"));
-    const std::string j = get("OMPI_MCA_ess_base_jobid");  // a 32-bit number
-    char* end = nullptr;
-    const unsigned long long job = j.empty() ? 0 : strtoull(j.c_str(), &end, 10);
-    if (local && *local == s.nranks && !j.empty() && *end == '\0') {
-      if (!port) port = 29600 + int(job % 1000);
+    std::string job = get("OMPI_MCA_ess_base_jobid");
+    if (job.empty()) job = get("PMIX_NAMESPACE");
+    if (local && *local == s.nranks && !job.empty()) {
+      if (!port) {
+        uint32_t h = 2166136261u;  // FNV-1a
+        for (unsigned char c : job) h = (h ^ c) * 16777619u;
+        port = 29600 + int(h % 1000);
+      }
       s.rendezvous = "127.0.0.1:" + std::to_string(*port);
       return s;
     }

@@ -55,7 +55,8 @@ TEST(LaunchEnv, OpenMpiNeedsARendezvous) {
   EXPECT_EQ(s.value().rendezvous, "node7:5000");
 }
 
-// mpirun on one host needs no address: rank 0 is local, and the job id picks the port.
+// mpirun on one host needs no address: rank 0 is local, and the job id (Open MPI 5: the PMIx
+// namespace) picks the port, 29600 + its FNV-1a hash % 1000, alike on every rank.
 TEST(LaunchEnv, OpenMpiOnOneHostRendezvousesLocally) {
   std::map<std::string, std::string> v = {{"OMPI_COMM_WORLD_RANK", "2"},
                                           {"OMPI_COMM_WORLD_SIZE", "4"},
@@ -64,8 +65,17 @@ TEST(LaunchEnv, OpenMpiOnOneHostRendezvousesLocally) {
                                           {"OMPI_MCA_ess_base_jobid", "2063794177"}};
   auto s = resolve(v);
   ASSERT_TRUE(s.ok()) << s.status().message();
-  EXPECT_EQ(s.value().rendezvous, "127.0.0.1:" + std::to_string(29600 + 177));
+  EXPECT_EQ(s.value().rendezvous, "127.0.0.1:29953");
   EXPECT_NE(s.value().jobKey.find("2063794177"), std::string::npos);
+  v["OMPI_COMM_WORLD_RANK"] = v["OMPI_COMM_WORLD_LOCAL_RANK"] = "0";  // rank 0 hosts it there
+  EXPECT_EQ(resolve(v).value().rendezvous, "127.0.0.1:29953");
+  // The next mpirun's id: Open MPI 4 adds 1 << 16 (its remainder by 1000 alone would give 125
+  // ports in all).
+  v["OMPI_MCA_ess_base_jobid"] = "2063859713";
+  EXPECT_EQ(resolve(v).value().rendezvous, "127.0.0.1:30483");
+  v.erase("OMPI_MCA_ess_base_jobid");
+  v["PMIX_NAMESPACE"] = "prterun-vm-1234@1";
+  EXPECT_EQ(resolve(v).value().rendezvous, "127.0.0.1:29659");
   v["TUTTI_PORT"] = "31000";
   EXPECT_EQ(resolve(v).value().rendezvous, "127.0.0.1:31000");
   v["NCCL_COMM_ID"] = "node7:5000";  // an address the user gives wins
@@ -77,7 +87,7 @@ TEST(LaunchEnv, OpenMpiOnOneHostRendezvousesLocally) {
   EXPECT_NE(s.status().message().find("ranks on several hosts"), std::string::npos)
       << s.status().message();
   v["OMPI_COMM_WORLD_LOCAL_SIZE"] = "4";
-  v["OMPI_MCA_ess_base_jobid"] = "x1";
+  v.erase("PMIX_NAMESPACE");  // nothing names the job
   EXPECT_FALSE(resolve(v).ok());
 }
 

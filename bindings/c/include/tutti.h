@@ -23,7 +23,8 @@ extern "C" {
  *                else under Slurm the first host of SLURM_STEP_NODELIST and a port derived
  *                from the job id, else under Open MPI with every rank on one host
  *                (OMPI_COMM_WORLD_LOCAL_SIZE = OMPI_COMM_WORLD_SIZE) 127.0.0.1 and a port
- *                derived from OMPI_MCA_ess_base_jobid (TUTTI_PORT overrides either port);
+ *                derived from OMPI_MCA_ess_base_jobid or PMIX_NAMESPACE (TUTTI_PORT
+ *                overrides either port);
  *   device:      with CUDA devices present, LOCAL_RANK / OMPI_COMM_WORLD_LOCAL_RANK /
  *                SLURM_LOCALID modulo the device count; otherwise a CPU communicator.
  * Rank 0 hosts the rendezvous. The handshake secret is derived from TUTTI_SECRET when set
