@@ -50,13 +50,19 @@ void rerunWithBetterBlas(char** argv) {
   const std::string chosen = blasCoreName();
   const std::string better = betterBlasCore(chosen, cpuVectors());
   if (better.empty()) return;
+  // The program's own path, not /proc/self/exe itself: the process takes its name (ps, pgrep,
+  // pkill) from the last part of the path it was run by.
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return;  // no /proc: OpenBLAS's kernels, and blasText() says what would be faster
+  self[n] = '\0';
   setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
   setenv("TUTTI_TRAIN_BLAS_CHOSE", chosen.c_str(), 1);
-  execv("/proc/self/exe", argv);
-  // Not run again (no /proc): go on with OpenBLAS's kernels, saying so in blasText().
+  execv(self, argv);
   fprintf(stderr, "tutti-train: could not run again with OPENBLAS_CORETYPE=%s: %m\n",
           better.c_str());
   unsetenv("OPENBLAS_CORETYPE");
+  unsetenv("TUTTI_TRAIN_BLAS_CHOSE");
 }
 
 std::string blasText() {
@@ -65,7 +71,10 @@ std::string blasText() {
   std::string s = "BLAS: OpenBLAS, " + core + " kernels";
   const char* chose = getenv("TUTTI_TRAIN_BLAS_CHOSE");
   const char* set = getenv("OPENBLAS_CORETYPE");
-  if (chose && set) {
+  if (chose && set && !betterBlasCore(core, cpuVectors()).empty()) {
+    s += std::string(" (tutti-train set OPENBLAS_CORETYPE=") + set +
+         ", which this OpenBLAS does not take: not a DYNAMIC_ARCH build?)";
+  } else if (chose && set) {
     s += std::string(" (tutti-train set OPENBLAS_CORETYPE=") + set +
          ": OpenBLAS took this CPU for " + (*chose ? chose : "an unknown one") +
          ", whose kernels have no AVX; set OPENBLAS_CORETYPE to choose)";
