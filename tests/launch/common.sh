@@ -7,7 +7,7 @@ run_perf() {
   local ranks="$1" out rc
   shift
   echo "== $* tutti-perf all_reduce"
-  out="$(timeout 120 "$@" "$BUILD/tutti-perf" all_reduce -b 8 -e 1M -f 32 -n 3 -w 1 2>&1)"
+  out="$(timeout 90 "$@" "$BUILD/tutti-perf" all_reduce -b 8 -e 1M -f 32 -n 3 -w 1 2>&1)"
   rc=$?
   echo "$out"
   ((rc == 0)) || fail "tutti-perf exited with $rc"
@@ -21,7 +21,7 @@ run_train() {
   [ -x "$BUILD/tutti-train" ] || return 0
   local out rc
   echo "== $* tutti-train"
-  out="$(timeout 120 "$@" "$BUILD/tutti-train" --epochs 1 --batch 64 --train-limit 4000 \
+  out="$(timeout 90 "$@" "$BUILD/tutti-train" --epochs 1 --batch 64 --train-limit 4000 \
     --test-limit 500 2>&1)"
   rc=$?
   echo "$out"

@@ -6,36 +6,39 @@
 #   slurm_cluster.sh BUILD_DIR 1   one node, localhost
 #   slurm_cluster.sh BUILD_DIR 2   two nodes, each in a network namespace of its own joined by
 #                                  a veth pair, their names (t<pid>n1, t<pid>n2: Slurm lists
-#                                  them as t<pid>n[1-2]) in /etc/hosts for the run; 4 ranks,
-#                                  2 a node, shm inside a node and tcp between
-# Needs root. Exits 77 (ctest: skipped) without root, Slurm or namespaces, or where a Slurm
-# daemon cannot start here (its log says why); everything it started or wrote is undone at exit.
+#                                  them as t<pid>n[1-2]) in a private /etc/hosts; 4 ranks, 2 a
+#                                  node, shm inside a node and tcp between
+# Needs root. Runs in a PID and mount namespace of its own (unshare), so every process it starts
+# ends with it, even when killed, and the /etc/hosts it mounts is seen by it alone. Exits 77
+# (ctest: skipped) without root, Slurm, unshare or namespaces, or where a Slurm daemon cannot
+# start here (its log says why).
 set -uo pipefail
 # shellcheck disable=SC2034  # read by common.sh
 BUILD="$1"
 NODES="${2:-1}"
 skip() { echo "skipped: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "slurmd and munged need root here"
-for t in munged mungekey slurmctld slurmd srun sinfo python3; do
+for t in munged mungekey slurmctld slurmd srun sinfo python3 unshare; do
   command -v "$t" >/dev/null || skip "no $t (apt-get install slurmd slurmctld slurm-client munge)"
 done
+if [ -z "${TUTTI_SLURM_INSIDE:-}" ]; then
+  # --kill-child: a kill of this script (ctest's timeout) ends the namespace's first process,
+  # and with it every process inside.
+  unshare --pid --fork --kill-child --mount --mount-proc --propagation private true 2>/dev/null ||
+    skip "cannot make PID and mount namespaces here"
+  exec unshare --pid --fork --kill-child --mount --mount-proc --propagation private \
+    env TUTTI_SLURM_INSIDE=1 "$0" "$@"
+fi
 
 DIR="$(mktemp -d /tmp/tutti-slurm.XXXXXX)"
 chmod 755 "$DIR"
-TAG=$$
+TAG=$$$RANDOM  # $$ is 1 inside the namespace
 NSA="tsa$TAG" NSB="tsb$TAG"
 cleanup() {
-  # Every daemon's command line names $DIR (its key, socket or slurm.conf).
-  pkill -f "$DIR" 2>/dev/null
-  for _ in $(seq 20); do pgrep -f "$DIR" >/dev/null || break; sleep 0.25; done
-  pkill -9 -f "$DIR" 2>/dev/null
+  # The daemons end with this namespace; the network namespaces and the folder are files.
   if ((NODES == 2)); then
     ip netns del "$NSA" 2>/dev/null
     ip netns del "$NSB" 2>/dev/null
-    # /etc/hosts may be a bind mount: rewritten in place, not replaced.
-    if grep -q "# $DIR" /etc/hosts; then
-      grep -v "# $DIR" /etc/hosts >"$DIR/hosts" && cat "$DIR/hosts" >/etc/hosts
-    fi
   fi
   rm -rf "$DIR"
 }
@@ -64,7 +67,8 @@ if ((NODES == 2)); then
     ip -n "$NSB" addr add 10.231.78.2/30 dev "vb$TAG" && ip -n "$NSB" link set "vb$TAG" up &&
     ip -n "$NSA" link set lo up && ip -n "$NSB" link set lo up || fail "addresses"
   N1="t${TAG}n1" N2="t${TAG}n2"
-  printf '10.231.78.1 %s # %s\n10.231.78.2 %s # %s\n' "$N1" "$DIR" "$N2" "$DIR" >>/etc/hosts
+  { cat /etc/hosts; printf '10.231.78.1 %s\n10.231.78.2 %s\n' "$N1" "$N2"; } >"$DIR/hosts"
+  mount --bind "$DIR/hosts" /etc/hosts || skip "cannot mount a private /etc/hosts"
   CTLD_ADDR=10.231.78.1 CTLD_PORT=6817 SLURMD_PORT=6818
   NODE_LINES="NodeName=$N1 NodeAddr=10.231.78.1 CPUs=$(nproc) State=UNKNOWN
 NodeName=$N2 NodeAddr=10.231.78.2 CPUs=$(nproc) State=UNKNOWN"
@@ -140,7 +144,7 @@ unset NCCL_COMM_ID MASTER_ADDR MASTER_PORT TUTTI_PORT RANK WORLD_SIZE
 ((NODES == 2)) && export NCCL_SOCKET_IFNAME=v  # the veth ends (va..., vb...)
 RANKS=$((2 * NODES))
 echo "== where srun puts the ranks"
-out="$(on "$FIRST" timeout 120 srun -N "$NODES" -n "$RANKS" -l bash -c \
+out="$(on "$FIRST" timeout 60 srun -N "$NODES" -n "$RANKS" -l bash -c \
   'echo "rank $SLURM_PROCID on $SLURMD_NODENAME of $SLURM_STEP_NODELIST"' 2>&1)"
 echo "$out"
 source "$(dirname "$0")/common.sh"
