@@ -67,7 +67,7 @@ Status Bootstrap::checkInAndFormRing(const wire::UniqueId& id) {
   }
   net::Socket rootSock = conn.take();
   wire::Hello h = hello(wire::HelloKind::kCheckIn);
-  h.size = static_cast<uint64_t>(getpid());  // lets the root answer its own process last
+  h.size = processToken();  // lets the root answer its own process last
   h.tag = wire::buildFingerprint();
   TUTTI_TRY(rootSock.sendAll(&h, sizeof(h), deadline, abort_).withContext("check-in"));
   wire::RootReply reply{};

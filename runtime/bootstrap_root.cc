@@ -152,7 +152,7 @@ class Root {
   struct Slot {
     net::Socket socket;
     wire::Addr addr;
-    uint64_t pid;
+    uint64_t token;         // its process's processToken()
     bool answered = false;  // told of a failure already
   };
 
@@ -163,7 +163,7 @@ class Root {
     for (bool ours : {false, true}) {
       if (ours && !ours_too) break;
       for (auto& slot : slots_) {
-        if (slot && !slot->answered && (slot->pid == static_cast<uint64_t>(getpid())) == ours) {
+        if (slot && !slot->answered && (slot->token == processToken()) == ours) {
           reply(slot->socket, code, why, wire::Addr{});
           slot->answered = true;
         }
@@ -264,6 +264,12 @@ uint64_t randomSecret() {
     }
   }
   return s;
+}
+
+uint64_t processToken() {
+  // The pid mixed in: a child forked after the first call has a token of its own.
+  static const uint64_t base = randomSecret();
+  return base ^ (static_cast<uint64_t>(getpid()) * 0x9e3779b97f4a7c15ull);
 }
 
 Result<wire::UniqueId> startRootWithNewId(const net::SockAddr& bindAddr) {

@@ -12,6 +12,10 @@ namespace tutti {
 
 // A fresh random 64-bit secret (getrandom).
 uint64_t randomSecret();
+// This process's mark at check-in (wire::Hello::size), random, made once: the root answers the
+// ranks of its own process last. (A pid would do on one host, but containers on other hosts
+// often run ranks under the same small pids.)
+uint64_t processToken();
 
 // Listens on `bindAddr` and starts the root thread; returns the id that leads ranks to it.
 Result<wire::UniqueId> startRootWithNewId(const net::SockAddr& bindAddr);

@@ -57,7 +57,7 @@ struct Hello {
   int32_t rank;
   int32_t nranks;
   uint32_t tag;   // kCheckIn: the sender's buildFingerprint()
-  uint64_t size;  // payload bytes that follow (kP2p); the sender's pid (kCheckIn)
+  uint64_t size;  // payload bytes that follow (kP2p); the sender's processToken() (kCheckIn)
   Addr addr;      // the sender's bootstrap listener (kCheckIn)
 };
 static_assert(sizeof(Hello) == 64);

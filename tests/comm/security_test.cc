@@ -1,5 +1,6 @@
 // Connections without the job's secret are dropped while the real ranks form their communicator.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <thread>
@@ -27,8 +28,10 @@ net::Socket connectTo(const net::SockAddr& a) {
 }
 
 // A rank of another process checking in by hand: build fingerprint `tag` (0: a build from before
-// the check), no pid. Returns the socket the root answers on.
-net::Socket checkIn(const ncclUniqueId& raw, int rank, int nranks, uint32_t tag) {
+// the check), process mark `mark` (a pid, as builds before processToken() sent). Returns the
+// socket the root answers on.
+net::Socket checkIn(const ncclUniqueId& raw, int rank, int nranks, uint32_t tag,
+                    uint64_t mark = 0) {
   wire::UniqueId id;
   memcpy(&id, raw.internal, sizeof(id));
   net::Socket s = connectTo(rootOf(raw));
@@ -39,6 +42,7 @@ net::Socket checkIn(const ncclUniqueId& raw, int rank, int nranks, uint32_t tag)
   h.rank = rank;
   h.nranks = nranks;
   h.tag = tag;
+  h.size = mark;
   EXPECT_TRUE(s.sendAll(&h, sizeof(h), net::deadlineAfter(5), nullptr).ok());
   return s;
 }
@@ -180,8 +184,12 @@ TEST(Security, ARefusedJobTellsTheRanksStillToComeBeforeTheRootsOwnRanks) {
     ncclConfig_t cfg = nonblockingConfig();
     ASSERT_EQ(ncclCommInitRankConfig(&c0, 3, raw, 0, &cfg), ncclInProgress);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    net::Socket old = checkIn(raw, 1, 3, 0);
+    // The old rank runs under this process's pid, as a container on another host may: it is
+    // still told at once, not held back with this process's own ranks.
+    net::Socket old = checkIn(raw, 1, 3, 0, static_cast<uint64_t>(getpid()));
+    const double asked = now();
     auto [code1, msg1] = answerOn(old);
+    EXPECT_LT(secondsSince(asked), 5.0);
     EXPECT_EQ(code1, static_cast<int32_t>(Code::kInvalidUsage));
     EXPECT_TRUE(refusal(msg1)) << msg1;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
