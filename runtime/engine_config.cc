@@ -55,6 +55,13 @@ Engine::Engine(Comm& comm)
   //    still wins the small sizes (8 B: 49 against the tree's 57): the tree from 8 ranks.
   //  - shm 8 B: flat 17, doubling 25-37, Open MPI 24-26; 2 KiB: 34, 45, 43; 8 KiB: 88, 73,
   //    123; 64 KiB: tree 115, doubling 162, ring 166; 256 KiB: ring 324, tree 472.
+  //  - shm with fewer ranks the ring wins from 32 KiB: tutti-perf -n 60, the tree up to 128
+  //    KiB (before) against the ring from 16 KiB, 4 interleaved runs each, out of place, us: 4
+  //    ranks 32 KiB tree 27-33, ring 23-27; 64 KiB 48-61, 33-38; 128 KiB 96-111, 67-75; 3
+  //    ranks 64 KiB 34-42, 32-39; 128 KiB 63-91, 58-63; 6 ranks 32 KiB 44-53, 47-72 (the tree
+  //    ahead); 64 KiB 80-103, 64-106; 128 KiB 133-194, 117-168. 8 ranks: within each other's
+  //    noise (128 KiB 236-315, 183-262): the tree stays. So the tree to 128 KiB from 8 ranks,
+  //    to 32 KiB from 5 (5 and 7 not measured), not at all below (doubling takes 16 KiB).
   bool anyNet = false;
   for (int p = 1; p < comm.nranks(); ++p) anyNet |= comm.links().netBetween(0, p);
   bool crowded = false, oversubscribed = false;  // some machine / this rank's machine
@@ -73,7 +80,10 @@ Engine::Engine(Comm& comm)
   size_t gatherTuneDefault = 0, areaBcastDefault = 0, areaGatherDefault = 0;
   if (crowded) {
     rdDefault = anyNet ? (comm.nranks() >= 8 ? 0 : 256 << 10) : 16 << 10;
-    treeDefault = anyNet ? 256 << 10 : 128 << 10;
+    treeDefault = anyNet                                     ? 256 << 10
+                  : comm.nranks() >= 8 || comm.nranks() <= 2 ? 128 << 10  // 2: not measured
+                  : comm.nranks() >= 5                       ? 32 << 10
+                                                             : 0;
     flatDefault = anyNet || comm.nranks() > 8 ? 0 : 2 << 10;  // n(n-1) links: measured to 8
     // All-gathers, 8 ranks on 2 cores, 3-6 interleaved runs, us: shm 64 B-16 KiB flat 12-32,
     // ring 16-38, Open MPI 16-77; 64 KiB flat 72-105, ring 31-55. tcp 64 B-16 KiB tree
