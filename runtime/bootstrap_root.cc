@@ -122,19 +122,15 @@ class Root {
                    "; 00000000: a build from before this check): their peer info would not "
                    "match, so the job is refused; run the same tutti build on every rank";
         TUTTI_WARN("bootstrap root %s: %s", where.c_str(), refused_.c_str());
+        refusedAt_ = net::Clock::now();
+        graceEnd_ = net::deadlineAfter(std::min(timeoutS_, kRefusalGraceS));
       }
       // Every rank hears a refusal of the whole job at once: those that checked in, and the
       // rest as they come, rather than at the deadline. Except this process's ranks: told, one
       // may return and the process exit, taking this thread with it, and the ranks still to
       // come would wait for a root that is gone until their own deadline, not knowing why. So
       // they are told last, once every rank has checked in or kRefusalGraceS have passed.
-      if (!refused_.empty()) {
-        if (refusedAt_ == net::Deadline{}) {
-          refusedAt_ = net::Clock::now();
-          graceEnd_ = net::deadlineAfter(std::min(timeoutS_, kRefusalGraceS));
-        }
-        answerAll(Code::kInvalidUsage, refused_, /*ours_too=*/oursTold);
-      }
+      if (!refused_.empty()) answerAll(Code::kInvalidUsage, refused_, /*ours_too=*/oursTold);
     }
     if (!refused_.empty()) {
       answerAll(Code::kInvalidUsage, refused_);
@@ -171,16 +167,21 @@ class Root {
     }
   }
 
-  // The refusal, naming the ranks that had not checked in since.
-  std::string refusedLate() const {
+  // The ranks that have not checked in.
+  std::vector<int> missingRanks() const {
     std::vector<int> missing;
     for (int r = 0; r < nranks_; ++r) {
       if (!slots_[static_cast<size_t>(r)]) missing.push_back(r);
     }
+    return missing;
+  }
+
+  // The refusal, naming the ranks that had not checked in since.
+  std::string refusedLate() const {
     const double waited = std::chrono::duration<double>(net::Clock::now() - refusedAt_).count();
     char after[32];
     snprintf(after, sizeof after, "%.0f", waited);
-    return refused_ + " (rank(s) " + rankList(missing) + " had not checked in " + after +
+    return refused_ + " (rank(s) " + rankList(missingRanks()) + " had not checked in " + after +
            " s after that)";
   }
 
@@ -197,10 +198,6 @@ class Root {
   }
 
   void fail(const std::string& where) {
-    std::vector<int> missing;
-    for (int r = 0; r < nranks_; ++r) {
-      if (!slots_[static_cast<size_t>(r)]) missing.push_back(r);
-    }
     if (nranks_ < 0) {
       TUTTI_WARN("bootstrap root %s: no rank checked in within %.0f s; closing", where.c_str(),
                  std::max(timeoutS_, kIdleSeconds));
@@ -212,7 +209,7 @@ class Root {
       answerAll(Code::kInvalidUsage, msg);
       return;
     }
-    std::string msg = "rank(s) " + rankList(missing) + " of " + std::to_string(nranks_) +
+    std::string msg = "rank(s) " + rankList(missingRanks()) + " of " + std::to_string(nranks_) +
                       " did not check in with the bootstrap root at " + where + " within " +
                       std::to_string(static_cast<int>(timeoutS_)) + " s (TUTTI_BOOTSTRAP_TIMEOUT)";
     TUTTI_WARN("bootstrap root: %s", msg.c_str());
@@ -229,7 +226,7 @@ class Root {
   uint32_t fingerprint_ = 0;  // the first rank's build (wire::buildFingerprint)
   int firstRank_ = -1;
   std::string refused_;        // why the whole job is refused (every rank is told at once)
-  net::Deadline refusedAt_{};  // when it was (the epoch: not refused)
+  net::Deadline refusedAt_{};  // when it was
   net::Deadline graceEnd_{};   // when this process's ranks are told at the latest
   std::vector<std::optional<Slot>> slots_;
 };

@@ -71,7 +71,8 @@ std::string blasText() {
   std::string s = "BLAS: OpenBLAS, " + core + " kernels";
   const char* chose = getenv("TUTTI_TRAIN_BLAS_CHOSE");
   const char* set = getenv("OPENBLAS_CORETYPE");
-  if (chose && set && !betterBlasCore(core, cpuVectors()).empty()) {
+  const std::string better = betterBlasCore(core, cpuVectors());  // "": kernels with AVX
+  if (chose && set && !better.empty()) {
     s += std::string(" (tutti-train set OPENBLAS_CORETYPE=") + set +
          ", which this OpenBLAS does not take: not a DYNAMIC_ARCH build?)";
   } else if (chose && set) {
@@ -80,9 +81,8 @@ std::string blasText() {
          ", whose kernels have no AVX; set OPENBLAS_CORETYPE to choose)";
   } else if (set) {
     s += std::string(" (OPENBLAS_CORETYPE=") + set + ")";
-  } else if (!betterBlasCore(core, cpuVectors()).empty()) {
-    s += " (this CPU has AVX; OPENBLAS_CORETYPE=" + betterBlasCore(core, cpuVectors()) +
-         " would run faster)";
+  } else if (!better.empty()) {
+    s += " (this CPU has AVX; OPENBLAS_CORETYPE=" + better + " would run faster)";
   }
   return s;
 }

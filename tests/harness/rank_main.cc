@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   int rank = atoi(getenv("RANK") ? getenv("RANK") : "0");
   int size = atoi(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "1");
   ncclComm_t comm = nullptr;
-  // Rank 1 lays the shared broadcast area out differently from the others.
+  // Rank 1 reads one setting differently from the others (TUTTI_TEST_RANK1_SETS).
   if (const char* set = getenv("TUTTI_TEST_RANK1_SETS"); mode == "settingsmismatch" && rank == 1) {
     if (set) putenv(strdup(set));
   }
