@@ -69,9 +69,9 @@ Status Bootstrap::checkInAndFormRing(const wire::UniqueId& id) {
   wire::Hello h = hello(wire::HelloKind::kCheckIn);
   h.size = processToken();  // lets the root answer its own process last
   h.tag = wire::buildFingerprint();
-  TUTTI_TRY(rootSock.sendAll(&h, sizeof(h), deadline, abort_).withContext("check-in"));
   wire::RootReply reply{};
-  Status st = rootSock.recvAll(&reply, sizeof(reply), deadline, abort_);
+  Status st = rootSock.sendAll(&h, sizeof(h), deadline, abort_).withContext("check-in");
+  if (st.ok()) st = rootSock.recvAll(&reply, sizeof(reply), deadline, abort_);
   if (!st.ok()) {
     if (st.code() == Code::kTimeout) {
       return timeoutError("rank " + std::to_string(rank_) +
@@ -79,9 +79,16 @@ Status Bootstrap::checkInAndFormRing(const wire::UniqueId& id) {
                           " within the deadline: not all " + std::to_string(nranks_) +
                           " ranks checked in (TUTTI_BOOTSTRAP_TIMEOUT)");
     }
-    return st.withContext("rank " + std::to_string(rank_) + " waiting for the bootstrap root");
+    if (st.code() != Code::kRemoteError) return st;  // an abort
+    // A closed or reset connection: the root's process ended, or another program listens there.
+    return st.withContext("rank " + std::to_string(rank_) + " waiting for the bootstrap root at " +
+                          root.toString() + " (did rank 0's process end, or is " +
+                          "another program listening there?)");
   }
-  if (reply.magic != wire::kReplyMagic) return remoteError("garbled answer from bootstrap root");
+  if (reply.magic != wire::kReplyMagic) {
+    return remoteError("rank " + std::to_string(rank_) + ": what answers at " + root.toString() +
+                       " is not a tutti bootstrap root (another program listening there?)");
+  }
   reply.message[sizeof(reply.message) - 1] = '\0';
   if (reply.code != 0) {
     return Status(static_cast<Code>(reply.code),

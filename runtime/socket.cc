@@ -217,6 +217,7 @@ Socket& Socket::operator=(Socket&& o) noexcept {
   if (this != &o) {
     close();
     fd_ = o.fd_;
+    peer_ = o.peer_;
     o.fd_ = -1;
   }
   return *this;
@@ -278,7 +279,10 @@ Result<Socket> Socket::connect(const SockAddr& addr, Deadline deadline,
       socklen_t len = sizeof(err);
       getsockopt(s.fd_, SOL_SOCKET, SO_ERROR, &err, &len);
     }
-    if (err == 0) return s;
+    if (err == 0) {
+      s.peer_ = addr;
+      return s;
+    }
     bool retry = err == ECONNREFUSED || err == ECONNRESET || err == ETIMEDOUT ||
                  err == EHOSTUNREACH || err == ENETUNREACH || err == EAGAIN;
     if (!retry) return errnoStatus("connect to " + addr.toString(), err);
@@ -302,12 +306,14 @@ Result<SockAddr> Socket::localAddr() const {
 SockAddr Socket::peerAddr() const {
   SockAddr a;
   a.len = sizeof(a.storage);
-  if (getpeername(fd_, a.sa(), &a.len) != 0) a.len = 0;
+  if (getpeername(fd_, a.sa(), &a.len) != 0) return peer_;
   return a;
 }
 
 Result<Socket> Socket::tryAccept() {
-  int fd = ::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  SockAddr peer;
+  peer.len = sizeof(peer.storage);
+  int fd = ::accept4(fd_, peer.sa(), &peer.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
       return Socket();
@@ -315,7 +321,9 @@ Result<Socket> Socket::tryAccept() {
   }
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return Socket(fd);
+  Socket s(fd);
+  s.peer_ = peer;
+  return s;
 }
 
 Status waitFd(int fd, short events, Deadline deadline, const std::atomic<bool>* abort) {

@@ -59,7 +59,7 @@ class Socket {
   Socket() = default;
   explicit Socket(int fd) : fd_(fd) {}
   ~Socket() { close(); }
-  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Socket(Socket&& o) noexcept : fd_(o.fd_), peer_(o.peer_) { o.fd_ = -1; }
   Socket& operator=(Socket&& o) noexcept;
   Socket(const Socket&) = delete;
   Socket& operator=(const Socket&) = delete;
@@ -75,6 +75,8 @@ class Socket {
   int fd() const { return fd_; }
   void close();
   Result<SockAddr> localAddr() const;
+  // The connected peer's address; kept from connect or accept, so a reset or closed
+  // connection (getpeername fails then) still names it in messages.
   SockAddr peerAddr() const;
 
   // Non-blocking accept; an invalid Socket when none is pending.
@@ -87,6 +89,7 @@ class Socket {
 
  private:
   int fd_ = -1;
+  SockAddr peer_;  // from connect or accept (empty for a listener)
 };
 
 // Sends to one socket while receiving from another, so that a ring step cannot deadlock on

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 
+#include <chrono>
 #include <memory>
+#include <thread>
 
 #include "harness/harness.h"
 #include "runtime/bootstrap_root.h"
@@ -107,4 +109,44 @@ TEST(Bootstrap, MessageSizeMismatchIsAnError) {
   Status s = b[1]->recv(0, 9, &d, sizeof(d));
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("expected 8"), std::string::npos) << s.message();
+}
+
+// A rank that finds another program at the root's address (torchrun's store on MASTER_PORT, say)
+// says so, naming the address, whether that program drops the connection or answers nonsense.
+TEST(Bootstrap, AnotherProgramAtTheRootsAddressIsNamed) {
+  for (bool answers : {false, true}) {
+    net::SockAddr any = net::parseHostPort("127.0.0.1:1").value();
+    any.setPort(0);
+    auto l = net::Socket::listen(any);
+    ASSERT_TRUE(l.ok());
+    const std::string addr = "127.0.0.1:" + std::to_string(l.value().localAddr().value().port());
+    std::thread other([&] {
+      const net::Deadline end = net::deadlineAfter(10);
+      while (std::chrono::steady_clock::now() < end) {
+        Result<net::Socket> c = l.value().tryAccept();
+        ASSERT_TRUE(c.ok());
+        if (!c.value().valid()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          continue;
+        }
+        if (answers) {  // reads the check-in, then answers what a store or web server might
+          char in[sizeof(wire::Hello)];
+          (void)c.value().recvAll(in, sizeof in, end, nullptr);
+          std::string junk(sizeof(wire::RootReply), 'x');
+          (void)c.value().sendAll(junk.data(), junk.size(), end, nullptr);
+        }
+        return;  // closes the connection
+      }
+    });
+    auto id = idForAddress(addr, "test");
+    ASSERT_TRUE(id.ok());
+    auto b = Bootstrap::create(id.value(), 1, 2, nullptr, 10);
+    other.join();
+    ASSERT_FALSE(b.ok());
+    const std::string m = b.status().message();
+    EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("at " + addr), std::string::npos) << m;
+    EXPECT_NE(m.find("another program listening there?"), std::string::npos) << m;
+    if (answers) EXPECT_NE(m.find("is not a tutti bootstrap root"), std::string::npos) << m;
+  }
 }
