@@ -23,6 +23,9 @@ const char* usage() {
          "  --checkpoint PATH    rank 0 saves here after every epoch and at the end\n"
          "  --save-every N       ... and every N optimizer steps\n"
          "  --resume PATH        continue from a checkpoint (step and optimizer state)\n"
+         "  --auto-resume        continue from --checkpoint's file where it exists, else\n"
+         "                       start afresh (for jobs restarted whole: torchrun\n"
+         "                       --max_restarts, a requeued Slurm job)\n"
          "  --max-steps N        stop after N optimizer steps in all\n"
          "  --train-limit N      use only the first N training samples\n"
          "  --test-limit N       use only the first N test samples\n"
@@ -77,6 +80,10 @@ int parseOptions(int argc, char** argv, Options* o, std::string* error) {
     if (a == "-h" || a == "--help") return 1;
     if (a == "--no-overlap") {
       o->overlap = o->overlap_auto = false;
+      continue;
+    }
+    if (a == "--auto-resume") {
+      o->auto_resume = true;
       continue;
     }
     if (a.rfind("--", 0) != 0) {
@@ -180,6 +187,15 @@ int parseOptions(int argc, char** argv, Options* o, std::string* error) {
   }
   if (o->save_every > 0 && o->checkpoint.empty()) {
     *error = "--save-every needs --checkpoint PATH (where to save)";
+    return -1;
+  }
+  if (o->auto_resume && o->checkpoint.empty()) {
+    *error = "--auto-resume needs --checkpoint PATH (where to save, and to resume from)";
+    return -1;
+  }
+  if (o->auto_resume && !o->resume.empty()) {
+    *error = "--auto-resume and --resume " + o->resume +
+             " both say where to resume from: give one (--auto-resume takes --checkpoint's file)";
     return -1;
   }
   return 0;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -90,6 +93,8 @@ class Run {
   int micro_ = 0;  // samples per rank per micro-batch
   int64_t steps_per_epoch_ = 0, total_steps_ = 0, step_ = 0;
   int64_t fail_at_step_ = -1;  // TUTTI_TRAINER_FAIL_AT names this rank: fail at this step
+  bool resumed_ = false;       // the run continues a checkpoint (every rank knows)
+  std::string resume_from_;    // rank 0: the checkpoint it continues
   std::vector<float> x_;
   std::vector<uint8_t> y_;
   std::vector<int> idx_;
@@ -112,7 +117,8 @@ bool Run::setUp(const Dataset* data) {
   }
   // A test hook: TUTTI_TRAINER_FAIL_AT=R:S makes rank R fail alone at step S, before its
   // gradients are all-reduced, as a CUDA error in mid-step would (the others are left waiting
-  // for it; tutti-train must stop them).
+  // for it; tutti-train must stop them). A run that resumed from a checkpoint goes past it, as
+  // a job restarted after a passing fault would.
   if (const char* f = getenv("TUTTI_TRAINER_FAIL_AT")) {
     int r = -1;
     long long s = -1;
@@ -176,26 +182,36 @@ bool Run::setUp(const Dataset* data) {
 }
 
 // Rank 0 initialises (or loads a checkpoint) and broadcasts, as DDP does at construction.
+// Rank 0 alone looks for the checkpoint: other hosts need not share its disk.
 bool Run::initState() {
   const size_t n = params_.size();
-  int64_t meta[3] = {1, 0, 0};  // ok, step, momentum started
+  int64_t meta[4] = {1, 0, 0, 0};  // ok, step, momentum started, resumed
   std::string err;
   if (rank_ == 0) {
-    if (o_.resume.empty()) {
+    resume_from_ = o_.resume;
+    struct stat st;
+    // --auto-resume starts afresh only where no file is there at all: one it cannot read fails
+    // the run, as --resume does, rather than throw away the training it holds.
+    if (o_.auto_resume && (::stat(o_.checkpoint.c_str(), &st) == 0 || errno != ENOENT)) {
+      resume_from_ = o_.checkpoint;
+    }
+    meta[3] = resume_from_.empty() ? 0 : 1;
+    if (resume_from_.empty()) {
       Mlp::initParams(model_->layers(), o_.seed, params_.data());
     } else {
+      const std::string& path = resume_from_;
       Checkpoint ck;
-      if (!loadCheckpoint(o_.resume, &ck, &err)) {
+      if (!loadCheckpoint(path, &ck, &err)) {
         meta[0] = 0;
       } else if (ck.dims != model_->dims()) {
         meta[0] = 0;
-        err = o_.resume + " holds an MLP " + dimsText(ck.dims) + ", this run builds " +
+        err = path + " holds an MLP " + dimsText(ck.dims) + ", this run builds " +
               dimsText(model_->dims()) + " (check --hidden)";
       } else {
         if (ck.global_batch != o_.batch || ck.seed != o_.seed) {
           say("warning: %s was written with --batch %lld --seed %llu; this run uses --batch %d "
               "--seed %llu, so it does not continue the same trajectory\n",
-              o_.resume.c_str(), (long long)ck.global_batch, (unsigned long long)ck.seed, o_.batch,
+              path.c_str(), (long long)ck.global_batch, (unsigned long long)ck.seed, o_.batch,
               (unsigned long long)o_.seed);
         }
         if (ck.train_samples != 0 && ck.train_samples != data_->train.count) {
@@ -203,7 +219,7 @@ bool Run::initState() {
           say("warning: %s was written training on %lld samples; this run trains on %d (check "
               "--train-limit and --data), so step %lld falls elsewhere in the data and the run "
               "does not continue the same trajectory\n",
-              o_.resume.c_str(), (long long)ck.train_samples, data_->train.count,
+              path.c_str(), (long long)ck.train_samples, data_->train.count,
               (long long)ck.step);
         }
         params_ = std::move(ck.params);
@@ -214,23 +230,24 @@ bool Run::initState() {
     }
     if (!meta[0]) res_.error = "rank 0: " + err;
   }
-  ncclResult_t rc = ncclBroadcast(meta, meta, 3, ncclInt64, 0, comm_, nullptr);
+  ncclResult_t rc = ncclBroadcast(meta, meta, 4, ncclInt64, 0, comm_, nullptr);
   if (rc != ncclSuccess) return fail(ncclError("broadcasting the checkpoint header", rc, comm_));
   if (!meta[0]) {
     if (rank_ != 0) return fail("rank 0 could not load the checkpoint (its message says why)");
     return false;
   }
+  resumed_ = meta[3] != 0;
   if (gpu_) {
     // Rank 0's state goes up to its GPU and out from there, GPU to GPU.
-    if (!gpu_->upload(params_.data(), o_.resume.empty() ? nullptr : momentum_.data(), &err) ||
-        !gpu_->broadcast(!o_.resume.empty(), &err)) {
+    if (!gpu_->upload(params_.data(), resumed_ ? momentum_.data() : nullptr, &err) ||
+        !gpu_->broadcast(resumed_, &err)) {
       return fail("rank " + std::to_string(rank_) + ": " + err);
     }
   } else if ((rc = ncclBroadcast(params_.data(), params_.data(), n, ncclFloat32, 0, comm_,
                                  nullptr)) != ncclSuccess) {
     return fail(ncclError("broadcasting the parameters", rc, comm_));
   }
-  if (!gpu_ && !o_.resume.empty() &&
+  if (!gpu_ && resumed_ &&
       (rc = ncclBroadcast(momentum_.data(), momentum_.data(), n, ncclFloat32, 0, comm_, nullptr)) !=
           ncclSuccess) {
     return fail(ncclError("broadcasting the optimizer state", rc, comm_));
@@ -252,7 +269,7 @@ void Run::gatherMicroBatch(const std::vector<int>& perm, int64_t index_in_epoch,
 
 // One optimizer step: k micro-batches of this rank's shard, gradient averaging, SGD update.
 bool Run::step(const std::vector<int>& perm, int64_t index_in_epoch, double* loss, int64_t* right) {
-  if (step_ == fail_at_step_) {  // TUTTI_TRAINER_FAIL_AT (setUp)
+  if (step_ == fail_at_step_ && !resumed_) {  // TUTTI_TRAINER_FAIL_AT (setUp)
     if (gpu_) gpu_->abandon();   // as after a CUDA error: the others' kernels wait for it
     return fail("rank " + std::to_string(rank_) + ": failed at step " + std::to_string(step_) +
                 " as TUTTI_TRAINER_FAIL_AT asked");
@@ -414,8 +431,11 @@ TrainResult Run::go(const Dataset* data) {
       : o_.overlap_why.empty() ? ""
                                : ("; " + o_.overlap_why).c_str());
   if (!gpu_) say("  %s\n", blasText().c_str());
-  if (!o_.resume.empty())
-    say("  resumed from %s at step %lld\n", o_.resume.c_str(), (long long)step_);
+  if (resumed_) {
+    say("  resumed from %s at step %lld\n", resume_from_.c_str(), (long long)step_);
+  } else if (o_.auto_resume) {
+    say("  no checkpoint at %s yet: starting afresh (--auto-resume)\n", o_.checkpoint.c_str());
+  }
   if (step_ >= total_steps_) say("  nothing to do: step %lld reached\n", (long long)step_);
 
   while (step_ < total_steps_) {

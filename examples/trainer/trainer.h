@@ -29,6 +29,9 @@ struct Options {
   std::string checkpoint;               // written by rank 0 after every epoch and at the end
   int64_t save_every = 0;               // ... and every N optimizer steps
   std::string resume;                   // read by rank 0 and broadcast
+  // Resume from `checkpoint` where rank 0 finds that file, else start afresh: a job restarted
+  // whole (torchrun --max_restarts, a requeued Slurm job) picks up its last checkpoint.
+  bool auto_resume = false;
   size_t bucket_bytes = 256 * 1024;
   bool overlap = true;       // all-reduce buckets during backward (on a communication thread)
   bool overlap_auto = true;  // main program: decide from cores per local rank (--overlap auto)

@@ -135,6 +135,28 @@ void expectReplicasIdentical(const std::vector<TrainResult>& rs) {
   }
 }
 
+// Two epochs of 8 steps each: 512 training samples in *small, batch 64.
+Options twoShortEpochs(Dataset* small) {
+  Options o = quiet();
+  o.train_limit = 512;
+  *small = data();
+  small->train.count = 512;
+  o.epochs = 2;
+  return o;
+}
+
+// A run that resumed (`resumed`) ends where the uninterrupted one (`straight`) did, bit for bit.
+void expectSameEnd(const std::vector<TrainResult>& straight,
+                   const std::vector<TrainResult>& resumed, int64_t steps) {
+  expectAllOk(straight);
+  expectAllOk(resumed);
+  EXPECT_EQ(straight[0].steps, steps);
+  EXPECT_EQ(resumed[0].steps, steps);
+  EXPECT_EQ(resumed[0].params, straight[0].params);
+  EXPECT_EQ(resumed[0].momentum, straight[0].momentum);
+  expectReplicasIdentical(resumed);
+}
+
 // How far b is from the reference a, relative to how far training moved a from where it
 // started: ||a - b|| / ||a - init||. Summing in another order (other batch splits, the ring's
 // order) changes the last bits, and now and then a ReLU input within rounding of zero flips
@@ -206,14 +228,67 @@ TEST(Trainer, OverlappedBucketsGiveTheSameBitsAsAllReduceAfterBackward) {
   expectOverlapGivesTheSameBits(o);
 }
 
+// --auto-resume (a job restarted whole: torchrun --max-restarts, a requeued Slurm job) starts
+// afresh where rank 0 finds no checkpoint, continues the one it finds exactly, and fails where
+// the file is there but unreadable rather than throw its training away.
+TEST(Trainer, AutoResumeStartsAfreshThenContinuesTheCheckpoint) {
+  const std::string dir = ::testing::TempDir();
+  const std::string straight = dir + "/tutti_ck_auto_straight", ck = dir + "/tutti_ck_auto";
+  std::remove(ck.c_str());
+  Dataset small;
+  Options o = twoShortEpochs(&small);
+  o.checkpoint = straight;
+  std::vector<TrainResult> a = runRanks(2, o, &small);
+  o.checkpoint = ck;
+  o.auto_resume = true;
+  // Rank 0's header says where each attempt starts.
+  auto header = [&](std::vector<TrainResult>* rs) {
+    FILE* f = tmpfile();
+    o.out = f;
+    *rs = runRanks(2, o, &small);
+    o.out = nullptr;
+    std::string text(8192, '\0');
+    rewind(f);
+    text.resize(fread(text.data(), 1, text.size(), f));
+    fclose(f);
+    return text;
+  };
+  o.max_steps = 5;  // the first attempt stops here (as if killed after its checkpoint)
+  std::vector<TrainResult> first, second;
+  const std::string h1 = header(&first);
+  EXPECT_NE(h1.find("no checkpoint at " + ck + " yet: starting afresh (--auto-resume)"),
+            std::string::npos)
+      << h1;
+  o.max_steps = -1;
+  const std::string h2 = header(&second);
+  EXPECT_NE(h2.find("resumed from " + ck + " at step 5"), std::string::npos) << h2;
+  expectAllOk(first);
+  EXPECT_EQ(first[0].steps, 5);
+  expectSameEnd(a, second, 16);
+  // A file that is there but not a checkpoint fails the run on every rank, and stays.
+  {
+    FILE* f = fopen(ck.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    const std::string junk(4096, 'x');
+    fwrite(junk.data(), 1, junk.size(), f);
+    fclose(f);
+  }
+  std::vector<TrainResult> bad = runRanks(2, o, &small);
+  for (size_t r = 0; r < bad.size(); ++r) EXPECT_FALSE(bad[r].ok) << r;
+  EXPECT_NE(bad[0].error.find(ck), std::string::npos) << bad[0].error;
+  Checkpoint left;
+  std::string err;
+  EXPECT_FALSE(loadCheckpoint(ck, &left, &err));
+  EXPECT_NE(err.find("not a tutti-train checkpoint"), std::string::npos) << err;
+  std::remove(ck.c_str());
+  std::remove(straight.c_str());
+}
+
 TEST(Trainer, ResumeContinuesTheExactTrajectory) {
   const std::string dir = ::testing::TempDir();
   const std::string straight = dir + "/tutti_ck_straight", part = dir + "/tutti_ck_part";
-  Options o = quiet();
-  o.train_limit = 512;  // 8 steps per epoch: the resume crosses an epoch boundary
-  Dataset small = data();
-  small.train.count = 512;
-  o.epochs = 2;
+  Dataset small;
+  Options o = twoShortEpochs(&small);  // the resume at step 5 crosses an epoch boundary
   o.checkpoint = straight;
   std::vector<TrainResult> a = runRanks(2, o, &small);
   o.checkpoint = part;
@@ -227,14 +302,8 @@ TEST(Trainer, ResumeContinuesTheExactTrajectory) {
   o.resume = part;
   o.checkpoint = part;
   std::vector<TrainResult> c = runRanks(2, o, &small);
-  expectAllOk(a);
   expectAllOk(b);
-  expectAllOk(c);
-  EXPECT_EQ(a[0].steps, 16);
-  EXPECT_EQ(c[0].steps, 16);
-  EXPECT_EQ(c[0].params, a[0].params);
-  EXPECT_EQ(c[0].momentum, a[0].momentum);
-  expectReplicasIdentical(c);
+  expectSameEnd(a, c, 16);
   // The checkpoints on disk agree too.
   Checkpoint ka, kc;
   ASSERT_TRUE(loadCheckpoint(straight, &ka, &err)) << err;
@@ -498,6 +567,18 @@ TEST(Trainer, OptionsAreParsedAndBadOnesNamed) {
   Options fresh;
   EXPECT_EQ(parse({"--save-every", "10"}, &fresh, &err), -1);
   EXPECT_EQ(err, "--save-every needs --checkpoint PATH (where to save)");
+  Options fresh2;
+  EXPECT_EQ(parse({"--auto-resume"}, &fresh2, &err), -1);
+  EXPECT_EQ(err, "--auto-resume needs --checkpoint PATH (where to save, and to resume from)");
+  Options fresh3;
+  EXPECT_EQ(parse({"--auto-resume", "--checkpoint", "a.ck", "--resume", "b.ck"}, &fresh3, &err),
+            -1);
+  EXPECT_NE(err.find("--auto-resume and --resume b.ck both say where to resume from"),
+            std::string::npos)
+      << err;
+  Options fresh4;
+  ASSERT_EQ(parse({"--checkpoint", "a.ck", "--auto-resume"}, &fresh4, &err), 0) << err;
+  EXPECT_TRUE(fresh4.auto_resume);
 }
 
 // A checkpoint path that cannot be written fails the run at set-up, on every rank, naming the
