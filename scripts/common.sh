@@ -7,14 +7,15 @@ PACKAGES=(cmake g++ ninja-build ccache pkg-config libgtest-dev libgmock-dev libb
           # the trainer demo (examples/trainer): Fashion-MNIST, OpenBLAS, zlib
           dataset-fashion-mnist libopenblas-dev zlib1g-dev
           # the comparison harness (bench/compare): Open MPI, Gloo, gnuplot
-          openmpi-bin libopenmpi-dev libgloo-dev gnuplot-nox
-          # launchers the tests start for real (tests/launch): Slurm clusters, MPICH's Hydra
-          # (Open MPI's mpirun stays the default mpirun)
-          slurmd slurmctld slurm-client munge mpich)
+          openmpi-bin libopenmpi-dev libgloo-dev gnuplot-nox)
+# What scripts/test needs beyond: launchers the tests start for real (tests/launch): Slurm
+# clusters, MPICH's Hydra (Open MPI's mpirun stays the default mpirun), torchrun.
+TEST_PACKAGES=(slurmd slurmctld slurm-client munge mpich python3-torch)
 
+# install_deps [MORE_PACKAGES...]: PACKAGES and these, where missing.
 install_deps() {
   local missing=()
-  for p in "${PACKAGES[@]}"; do
+  for p in "${PACKAGES[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then

@@ -2,12 +2,51 @@
 # Sourced by the launcher tests: runs tutti-perf and tutti-train under a launcher and checks
 # what every launch must give. The caller defines fail() (print, clean up, exit 1).
 
+# own_namespaces SCRIPT ARGS...: runs SCRIPT ARGS again in PID and mount namespaces of its own
+# and does not return (the mount namespace lets a script bind-mount files for itself alone). So
+# every process the script starts ends with it, even when killed: --kill-child ends the
+# namespace's first process with the script, and with it every process inside. Returns at once
+# when already inside; returns 1 where such namespaces cannot be made here.
+own_namespaces() {
+  [ -n "${TUTTI_LAUNCH_INSIDE:-}" ] && return 0
+  local ns=(unshare --pid --fork --kill-child --mount --mount-proc --propagation private)
+  "${ns[@]}" true 2>/dev/null || return 1
+  exec "${ns[@]}" env TUTTI_LAUNCH_INSIDE=1 "$@"
+}
+
+# scratch NAME: a scratch folder DIR (/tmp/tutti-NAME.*), a TAG for this run's names, the names
+# NSA and NSB two_hosts may take, and a trap that removes the folder and those namespaces at exit.
+scratch() {
+  DIR="$(mktemp -d "/tmp/tutti-$1.XXXXXX")"
+  TAG=$$$RANDOM  # $$ is 1 inside own_namespaces
+  NSA="${1:0:2}a$TAG" NSB="${1:0:2}b$TAG"
+  trap 'ip netns del "$NSA" 2>/dev/null; ip netns del "$NSB" 2>/dev/null; rm -rf "$DIR"' EXIT
+}
+
+# two_hosts NS_A NS_B NET TAG: network namespaces NS_A and NS_B, joined by a veth pair (va$TAG
+# in NS_A at NET.1, vb$TAG in NS_B at NET.2; NET is three octets), loopback up in each. Returns
+# 1 where network namespaces cannot be made here, 2 where a later step failed. (scratch's trap
+# deletes NSA and NSB.)
+two_hosts() {
+  local a="$1" b="$2" net="$3" tag="$4"
+  ip netns add "$a" 2>/dev/null && ip netns add "$b" 2>/dev/null || return 1
+  ip link add "va$tag" netns "$a" type veth peer name "vb$tag" netns "$b" || return 2
+  ip -n "$a" addr add "$net.1/30" dev "va$tag" && ip -n "$a" link set "va$tag" up &&
+    ip -n "$b" addr add "$net.2/30" dev "vb$tag" && ip -n "$b" link set "vb$tag" up &&
+    ip -n "$a" link set lo up && ip -n "$b" link set lo up || return 2
+}
+
+# What each launch runs after the launcher's own words (a launcher started on other hosts by
+# the caller itself passes these too).
+PERF_ARGS=(all_reduce -b 8 -e 1M -f 32 -n 3 -w 1)
+TRAIN_ARGS=(--epochs 1 --batch 64 --train-limit 4000 --test-limit 500)
+
 # run_perf RANKS LAUNCH...: LAUNCH tutti-perf all_reduce (values checked) as RANKS ranks.
 run_perf() {
   local ranks="$1" out rc
   shift
   echo "== $* tutti-perf all_reduce"
-  out="$(timeout 90 "$@" "$BUILD/tutti-perf" all_reduce -b 8 -e 1M -f 32 -n 3 -w 1 2>&1)"
+  out="$(timeout 90 "$@" "$BUILD/tutti-perf" "${PERF_ARGS[@]}" 2>&1)"
   rc=$?
   echo "$out"
   ((rc == 0)) || fail "tutti-perf exited with $rc"
@@ -21,8 +60,7 @@ run_train() {
   [ -x "$BUILD/tutti-train" ] || return 0
   local out rc
   echo "== $* tutti-train"
-  out="$(timeout 90 "$@" "$BUILD/tutti-train" --epochs 1 --batch 64 --train-limit 4000 \
-    --test-limit 500 2>&1)"
+  out="$(timeout 90 "$@" "$BUILD/tutti-train" "${TRAIN_ARGS[@]}" 2>&1)"
   rc=$?
   echo "$out"
   ((rc == 0)) || fail "tutti-train exited with $rc"

@@ -21,28 +21,11 @@ skip() { echo "skipped: $*"; exit 77; }
 for t in munged mungekey slurmctld slurmd srun sinfo python3 unshare; do
   command -v "$t" >/dev/null || skip "no $t (apt-get install slurmd slurmctld slurm-client munge)"
 done
-if [ -z "${TUTTI_SLURM_INSIDE:-}" ]; then
-  # --kill-child: a kill of this script (ctest's timeout) ends the namespace's first process,
-  # and with it every process inside.
-  unshare --pid --fork --kill-child --mount --mount-proc --propagation private true 2>/dev/null ||
-    skip "cannot make PID and mount namespaces here"
-  exec unshare --pid --fork --kill-child --mount --mount-proc --propagation private \
-    env TUTTI_SLURM_INSIDE=1 "$0" "$@"
-fi
+source "$(dirname "$0")/common.sh"
+own_namespaces "$0" "$@" || skip "cannot make PID and mount namespaces here"
 
-DIR="$(mktemp -d /tmp/tutti-slurm.XXXXXX)"
+scratch slurm  # (the daemons end with the PID namespace)
 chmod 755 "$DIR"
-TAG=$$$RANDOM  # $$ is 1 inside the namespace
-NSA="tsa$TAG" NSB="tsb$TAG"
-cleanup() {
-  # The daemons end with this namespace; the network namespaces and the folder are files.
-  if ((NODES == 2)); then
-    ip netns del "$NSA" 2>/dev/null
-    ip netns del "$NSB" 2>/dev/null
-  fi
-  rm -rf "$DIR"
-}
-trap cleanup EXIT
 logs() { for f in "$DIR"/log/*; do echo "---- $f"; tail -15 "$f"; done; }
 fail() {
   echo "FAILED: $*"
@@ -60,12 +43,11 @@ on() {
 }
 if ((NODES == 2)); then
   command -v nsenter >/dev/null || skip "no nsenter"
-  ip netns add "$NSA" 2>/dev/null && ip netns add "$NSB" 2>/dev/null ||
-    skip "cannot create network namespaces here"
-  ip link add "va$TAG" netns "$NSA" type veth peer name "vb$TAG" netns "$NSB" || fail "veth"
-  ip -n "$NSA" addr add 10.231.78.1/30 dev "va$TAG" && ip -n "$NSA" link set "va$TAG" up &&
-    ip -n "$NSB" addr add 10.231.78.2/30 dev "vb$TAG" && ip -n "$NSB" link set "vb$TAG" up &&
-    ip -n "$NSA" link set lo up && ip -n "$NSB" link set lo up || fail "addresses"
+  two_hosts "$NSA" "$NSB" 10.231.78 "$TAG"
+  case $? in
+    1) skip "cannot create network namespaces here" ;;
+    2) fail "the veth pair or its addresses" ;;
+  esac
   N1="t${TAG}n1" N2="t${TAG}n2"
   { cat /etc/hosts; printf '10.231.78.1 %s\n10.231.78.2 %s\n' "$N1" "$N2"; } >"$DIR/hosts"
   mount --bind "$DIR/hosts" /etc/hosts || skip "cannot mount a private /etc/hosts"
@@ -147,7 +129,6 @@ echo "== where srun puts the ranks"
 out="$(on "$FIRST" timeout 60 srun -N "$NODES" -n "$RANKS" -l bash -c \
   'echo "rank $SLURM_PROCID on $SLURMD_NODENAME of $SLURM_STEP_NODELIST"' 2>&1)"
 echo "$out"
-source "$(dirname "$0")/common.sh"
 ON_FIRST=()  # the launch runs where on "$FIRST" would run it (timeout takes no function)
 ((NODES == 2)) && ON_FIRST=(nsenter --net="/var/run/netns/$FIRST")
 run_perf "$RANKS" "${ON_FIRST[@]}" srun -N "$NODES" -n "$RANKS"

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Ranks launched by a real torchrun (PyTorch's elastic launcher; Debian's python3-torch), which
+# gives RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and whose
+# agent may listen on MASTER_PORT itself: tutti's root takes the next port.
+#   torchrun.sh BUILD_DIR 1   one host: the static rendezvous (--master_port), the c10d one
+#                             (--rdzv_endpoint; the agent picks MASTER_PORT), and a job that
+#                             torchrun restarts whole after a rank failed (--max_restarts 1,
+#                             tutti-train --auto-resume): its last checkpoint must hold the
+#                             same bytes as an uninterrupted run's
+#   torchrun.sh BUILD_DIR 2   two hosts, each a network namespace of its own joined by a veth
+#                             pair, an agent on each (--nnodes 2 --node_rank 0|1, --master_addr
+#                             the first's address); 4 ranks, shm inside a host and tcp between
+# Runs in a PID namespace of its own where it can (root), so every agent and rank it starts ends
+# with it, even when killed. Exits 77 (ctest: skipped) without torchrun, or, for two hosts,
+# without root, unshare, nsenter or network namespaces.
+set -uo pipefail
+# shellcheck disable=SC2034  # read by common.sh
+BUILD="$1"
+HOSTS="${2:-1}"
+skip() { echo "skipped: $*"; exit 77; }
+for t in torchrun python3; do
+  command -v "$t" >/dev/null || skip "no $t (apt-get install python3-torch)"
+done
+source "$(dirname "$0")/common.sh"
+# (one host runs without them where they cannot be made)
+own_namespaces "$0" "$@" || ((HOSTS == 1)) || skip "cannot make PID and mount namespaces here"
+
+scratch torchrun
+fail() { echo "FAILED: $*"; exit 1; }
+
+# A port P where P and P + 1 are free (torchrun's store may take P, tutti's root takes P + 1).
+free_pair() {
+  python3 -c '
+import socket
+for _ in range(100):
+    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
+    b = socket.socket()
+    try:
+        b.bind(("127.0.0.1", p + 1)); print(p); break
+    except OSError:
+        pass
+    finally:
+        a.close(); b.close()'
+}
+
+# Debian 12's torch 1.13 under Python 3.11 cannot parse its own default "--redirects 0 --tee 0"
+# (an IntFlag change), so every launch names them: rank output goes to files under --log_dir
+# and, prefixed with the rank ("[default0]:"), to the console. Errors stay on stderr as they are.
+TR=(torchrun --redirects 1 --tee 1 --log_dir "$DIR/logs" --no_python)
+unset NCCL_COMM_ID MASTER_ADDR MASTER_PORT TUTTI_PORT RANK WORLD_SIZE LOCAL_RANK
+
+if ((HOSTS == 1)); then
+  port="$(free_pair)"
+  run_perf 3 "${TR[@]}" --nnodes 1 --nproc_per_node 3 --master_addr 127.0.0.1 --master_port "$port"
+  run_perf 3 "${TR[@]}" --nnodes 1 --nproc_per_node 3 --rdzv_backend c10d \
+    --rdzv_endpoint "127.0.0.1:$(free_pair)" --rdzv_id "tutti-$TAG"
+  run_train "${TR[@]}" --nnodes 1 --nproc_per_node 2 --master_port "$(free_pair)"
+  if [ -n "${LAST_OUT:-}" ]; then
+    grep -q "2 local ranks" <<<"$LAST_OUT" || fail "tutti-train did not read LOCAL_WORLD_SIZE"
+
+    # Rank 1 fails at step 12 (save every 5 steps): torchrun ends rank 0 and starts both again,
+    # which continue from step 10, the last checkpoint; a resumed run goes past the failure.
+    args=(--epochs 2 --batch 64 --train-limit 2000 --test-limit 500 --save-every 5)
+    echo "== tutti-run -n 2 tutti-train ${args[*]} (uninterrupted)"
+    timeout 90 "$BUILD/tutti-run" -n 2 "$BUILD/tutti-train" "${args[@]}" \
+      --checkpoint "$DIR/straight.ck" || fail "the uninterrupted run failed"
+    echo "== TUTTI_TRAINER_FAIL_AT=1:12 torchrun --max_restarts 1 tutti-train ${args[*]} --auto-resume"
+    out="$(TUTTI_TRAINER_FAIL_AT=1:12 timeout 120 "${TR[@]}" --nnodes 1 --nproc_per_node 2 \
+      --master_port "$(free_pair)" --max_restarts 1 "$BUILD/tutti-train" "${args[@]}" \
+      --checkpoint "$DIR/restarted.ck" --auto-resume 2>&1)"
+    rc=$?
+    echo "$out"
+    ((rc == 0)) || fail "the restarted job exited with $rc"
+    for want in "no checkpoint at $DIR/restarted.ck yet: starting afresh" \
+      "rank 1: failed at step 12 as TUTTI_TRAINER_FAIL_AT asked" \
+      "resumed from $DIR/restarted.ck at step 10" "epoch 2/2"; do
+      grep -qF "$want" <<<"$out" || fail "no line '$want'"
+    done
+    cmp "$DIR/straight.ck" "$DIR/restarted.ck" ||
+      fail "the restarted job's last checkpoint differs from the uninterrupted run's"
+  fi
+else
+  [ "$(id -u)" = 0 ] || skip "network namespaces need root"
+  command -v nsenter >/dev/null || skip "no nsenter"
+  two_hosts "$NSA" "$NSB" 10.231.79 "$TAG"
+  case $? in
+    1) skip "cannot create network namespaces here" ;;
+    2) fail "the veth pair or its addresses" ;;
+  esac
+  export NCCL_SOCKET_IFNAME=v  # the veth ends (va..., vb...)
+  # (nsenter, not `ip netns exec`, which needs a /sys it can mount)
+  ON_A=(nsenter --net="/var/run/netns/$NSA")
+  ON_B=(nsenter --net="/var/run/netns/$NSB")
+  port=29500  # a namespace of its own: nothing else listens there
+  NODE=(--nnodes 2 --nproc_per_node 2 --master_addr 10.231.79.1 --master_port "$port")
+  # The second host's agent, started first: it waits for the first's store.
+  timeout 90 "${ON_B[@]}" "${TR[@]}" "${NODE[@]}" --node_rank 1 "$BUILD/tutti-perf" \
+    "${PERF_ARGS[@]}" >"$DIR/host2.out" 2>&1 &
+  second=$!
+  run_perf 4 "${ON_A[@]}" "${TR[@]}" "${NODE[@]}" --node_rank 0
+  wait "$second"
+  rc=$?
+  echo "== the second host's agent:"
+  cat "$DIR/host2.out"
+  # (rank 0 alone prints the table, its count of wrong values summed over every rank)
+  ((rc == 0)) || fail "the second host's agent exited with $rc"
+  if [ -x "$BUILD/tutti-train" ]; then
+    NODE=(--nnodes 2 --nproc_per_node 1 --master_addr 10.231.79.1 --master_port "$port")
+    timeout 90 "${ON_B[@]}" "${TR[@]}" "${NODE[@]}" --node_rank 1 "$BUILD/tutti-train" \
+      "${TRAIN_ARGS[@]}" >"$DIR/host2.out" 2>&1 &
+    second=$!
+    run_train "${ON_A[@]}" "${TR[@]}" "${NODE[@]}" --node_rank 0
+    wait "$second" || { cat "$DIR/host2.out"; fail "the second host's rank failed"; }
+  fi
+fi
+echo "torchrun on $HOSTS host(s): PASSED"
