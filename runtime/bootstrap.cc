@@ -79,11 +79,14 @@ Status Bootstrap::checkInAndFormRing(const wire::UniqueId& id) {
                           " within the deadline: not all " + std::to_string(nranks_) +
                           " ranks checked in (TUTTI_BOOTSTRAP_TIMEOUT)");
     }
-    if (st.code() != Code::kRemoteError) return st;  // an abort
-    // A closed or reset connection: the root's process ended, or another program listens there.
-    return st.withContext("rank " + std::to_string(rank_) + " waiting for the bootstrap root at " +
-                          root.toString() + " (did rank 0's process end, or is " +
-                          "another program listening there?)");
+    const std::string waiting =
+        "rank " + std::to_string(rank_) + " waiting for the bootstrap root at " + root.toString();
+    if (st.code() != Code::kRemoteError) return st.withContext(waiting);  // an abort, a poll
+    // A closed or reset connection: the root's process ended, another job's root refused this
+    // rank's secret, or another program listens there.
+    return st.withContext(waiting +
+                          " (did rank 0's process end, or is another job's tutti root or another "
+                          "program listening there?)");
   }
   if (reply.magic != wire::kReplyMagic) {
     return remoteError("rank " + std::to_string(rank_) + ": what answers at " + root.toString() +

@@ -353,8 +353,9 @@ Status Socket::sendAll(const void* data, size_t size, Deadline deadline,
       TUTTI_TRY(waitFd(fd_, POLLOUT, deadline, abort));
       continue;
     }
+    const int err = errno;  // before peerAddr(), whose getpeername may set it
     return remoteError(std::string("send to ") + peerAddr().toString() + ": " +
-                       (n < 0 ? strerror(errno) : "connection closed"));
+                       (n < 0 ? strerror(err) : "connection closed"));
   }
   return Status::Ok();
 }
@@ -363,8 +364,9 @@ Result<size_t> Socket::recvSome(void* data, size_t size) {
   ssize_t n = ::recv(fd_, data, size, 0);
   if (n > 0) return static_cast<size_t>(n);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return size_t{0};
+  const int err = errno;  // before peerAddr(), whose getpeername may set it
   return remoteError(std::string("receive from ") + peerAddr().toString() + ": " +
-                     (n < 0 ? strerror(errno) : "connection closed by peer"));
+                     (n < 0 ? strerror(err) : "connection closed by peer"));
 }
 
 Status Socket::recvAll(void* data, size_t size, Deadline deadline, const std::atomic<bool>* abort) {
@@ -402,7 +404,8 @@ Status sendRecv(Socket& to, const void* sendData, size_t sendSize, Socket& from,
         sp += w;
         sendSize -= static_cast<size_t>(w);
       } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        return remoteError("send to " + to.peerAddr().toString() + ": " + strerror(errno));
+        const int err = errno;  // before peerAddr()
+        return remoteError("send to " + to.peerAddr().toString() + ": " + strerror(err));
       }
     }
     if (recvSize > 0) {

@@ -30,7 +30,8 @@ struct Options {
   int64_t save_every = 0;               // ... and every N optimizer steps
   std::string resume;                   // read by rank 0 and broadcast
   // Resume from `checkpoint` where rank 0 finds that file, else start afresh: a job restarted
-  // whole (torchrun --max_restarts, a requeued Slurm job) picks up its last checkpoint.
+  // whole (torchrun --max_restarts, a requeued Slurm job) picks up its last checkpoint. Across
+  // hosts the file must be where every host sees it (a restart may put rank 0 elsewhere).
   bool auto_resume = false;
   size_t bucket_bytes = 256 * 1024;
   bool overlap = true;       // all-reduce buckets during backward (on a communication thread)

@@ -15,12 +15,29 @@ own_namespaces() {
 }
 
 # scratch NAME: a scratch folder DIR (/tmp/tutti-NAME.*), a TAG for this run's names, the names
-# NSA and NSB two_hosts may take, and a trap that removes the folder and those namespaces at exit.
+# NSA and NSB two_hosts may take, and a trap that at exit ends the script's background jobs (so
+# none writes into the folder as it goes), then removes the folder and those namespaces. (A KILL
+# runs no trap: the PID namespace still ends every process, the folder and names stay.)
 scratch() {
   DIR="$(mktemp -d "/tmp/tutti-$1.XXXXXX")"
   TAG=$$$RANDOM  # $$ is 1 inside own_namespaces
   NSA="${1:0:2}a$TAG" NSB="${1:0:2}b$TAG"
-  trap 'ip netns del "$NSA" 2>/dev/null; ip netns del "$NSB" 2>/dev/null; rm -rf "$DIR"' EXIT
+  trap 'end_jobs; ip netns del "$NSA" 2>/dev/null; ip netns del "$NSB" 2>/dev/null; rm -rf "$DIR"' EXIT
+}
+
+# end_jobs: TERM to the script's background jobs, KILL to those still there 5 s later.
+end_jobs() {
+  local jobs_left
+  jobs_left="$(jobs -pr)"
+  [ -n "$jobs_left" ] || return 0
+  # shellcheck disable=SC2086  # one pid a word
+  kill $jobs_left 2>/dev/null
+  for _ in $(seq 50); do
+    [ -n "$(jobs -pr)" ] || return 0
+    sleep 0.1
+  done
+  # shellcheck disable=SC2046
+  kill -9 $(jobs -pr) 2>/dev/null
 }
 
 # two_hosts NS_A NS_B NET TAG: network namespaces NS_A and NS_B, joined by a veth pair (va$TAG
@@ -41,7 +58,8 @@ two_hosts() {
 PERF_ARGS=(all_reduce -b 8 -e 1M -f 32 -n 3 -w 1)
 TRAIN_ARGS=(--epochs 1 --batch 64 --train-limit 4000 --test-limit 500)
 
-# run_perf RANKS LAUNCH...: LAUNCH tutti-perf all_reduce (values checked) as RANKS ranks.
+# run_perf RANKS LAUNCH...: LAUNCH tutti-perf all_reduce (values checked) as RANKS ranks; its
+# output stays in LAST_OUT.
 run_perf() {
   local ranks="$1" out rc
   shift
@@ -52,6 +70,7 @@ run_perf() {
   ((rc == 0)) || fail "tutti-perf exited with $rc"
   grep -q "# Out of bounds values : 0 OK" <<<"$out" || fail "tutti-perf found wrong values"
   grep -q "host memory: $ranks rank(s) in all" <<<"$out" || fail "tutti-perf did not run $ranks ranks"
+  LAST_OUT="$out"
 }
 
 # run_train LAUNCH...: LAUNCH one epoch of tutti-train (where it was built) as 2 ranks; rank 0

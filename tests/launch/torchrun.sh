@@ -28,33 +28,42 @@ own_namespaces "$0" "$@" || ((HOSTS == 1)) || skip "cannot make PID and mount na
 scratch torchrun
 fail() { echo "FAILED: $*"; exit 1; }
 
-# A port P where P and P + 1 are free (torchrun's store may take P, tutti's root takes P + 1).
+# free_pair VAR: VAR = a port P where P and P + 1 are free (torchrun's store may take P, tutti's
+# root P + 1).
 free_pair() {
-  python3 -c '
-import socket
+  local p
+  p="$(python3 -c '
+import socket, sys
 for _ in range(100):
     a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
     b = socket.socket()
     try:
-        b.bind(("127.0.0.1", p + 1)); print(p); break
+        if p < 65535:
+            b.bind(("127.0.0.1", p + 1)); print(p); sys.exit(0)
     except OSError:
         pass
     finally:
-        a.close(); b.close()'
+        a.close(); b.close()
+sys.exit("no free pair of ports")')" || fail "no free pair of ports"
+  printf -v "$1" %s "$p"
 }
 
 # Debian 12's torch 1.13 under Python 3.11 cannot parse its own default "--redirects 0 --tee 0"
 # (an IntFlag change), so every launch names them: rank output goes to files under --log_dir
 # and, prefixed with the rank ("[default0]:"), to the console. Errors stay on stderr as they are.
-TR=(torchrun --redirects 1 --tee 1 --log_dir "$DIR/logs" --no_python)
+# Its agent looks at the ranks every 5 s by default (newer torch: 0.1 s); every 0.5 s here.
+TR=(torchrun --redirects 1 --tee 1 --log_dir "$DIR/logs" --monitor_interval 0.5 --no_python)
 unset NCCL_COMM_ID MASTER_ADDR MASTER_PORT TUTTI_PORT RANK WORLD_SIZE LOCAL_RANK
 
 if ((HOSTS == 1)); then
-  port="$(free_pair)"
-  run_perf 3 "${TR[@]}" --nnodes 1 --nproc_per_node 3 --master_addr 127.0.0.1 --master_port "$port"
+  free_pair p1
+  free_pair p2
+  free_pair p3
+  free_pair p4
+  run_perf 3 "${TR[@]}" --nnodes 1 --nproc_per_node 3 --master_addr 127.0.0.1 --master_port "$p1"
   run_perf 3 "${TR[@]}" --nnodes 1 --nproc_per_node 3 --rdzv_backend c10d \
-    --rdzv_endpoint "127.0.0.1:$(free_pair)" --rdzv_id "tutti-$TAG"
-  run_train "${TR[@]}" --nnodes 1 --nproc_per_node 2 --master_port "$(free_pair)"
+    --rdzv_endpoint "127.0.0.1:$p2" --rdzv_id "tutti-$TAG"
+  run_train "${TR[@]}" --nnodes 1 --nproc_per_node 2 --master_port "$p3"
   if [ -n "${LAST_OUT:-}" ]; then
     grep -q "2 local ranks" <<<"$LAST_OUT" || fail "tutti-train did not read LOCAL_WORLD_SIZE"
 
@@ -66,7 +75,7 @@ if ((HOSTS == 1)); then
       --checkpoint "$DIR/straight.ck" || fail "the uninterrupted run failed"
     echo "== TUTTI_TRAINER_FAIL_AT=1:12 torchrun --max_restarts 1 tutti-train ${args[*]} --auto-resume"
     out="$(TUTTI_TRAINER_FAIL_AT=1:12 timeout 120 "${TR[@]}" --nnodes 1 --nproc_per_node 2 \
-      --master_port "$(free_pair)" --max_restarts 1 "$BUILD/tutti-train" "${args[@]}" \
+      --master_port "$p4" --max_restarts 1 "$BUILD/tutti-train" "${args[@]}" \
       --checkpoint "$DIR/restarted.ck" --auto-resume 2>&1)"
     rc=$?
     echo "$out"
@@ -78,6 +87,8 @@ if ((HOSTS == 1)); then
     done
     cmp "$DIR/straight.ck" "$DIR/restarted.ck" ||
       fail "the restarted job's last checkpoint differs from the uninterrupted run's"
+  else
+    echo "== no tutti-train built: the restarted job not run"
   fi
 else
   [ "$(id -u)" = 0 ] || skip "network namespaces need root"
@@ -97,7 +108,12 @@ else
   timeout 90 "${ON_B[@]}" "${TR[@]}" "${NODE[@]}" --node_rank 1 "$BUILD/tutti-perf" \
     "${PERF_ARGS[@]}" >"$DIR/host2.out" 2>&1 &
   second=$!
-  run_perf 4 "${ON_A[@]}" "${TR[@]}" "${NODE[@]}" --node_rank 0
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT run_perf 4 "${ON_A[@]}" "${TR[@]}" "${NODE[@]}" --node_rank 0
+  # The first host's ranks (0, 1) link to each other over shm, to the second's (2, 3) over tcp.
+  grep -Eq "rank [01] -> rank [01] channel [0-9]+ via shm" <<<"$LAST_OUT" ||
+    fail "no shm link inside the first host"
+  grep -Eq "rank [01] -> rank [23] channel [0-9]+ via tcp" <<<"$LAST_OUT" ||
+    fail "no tcp link to the second host"
   wait "$second"
   rc=$?
   echo "== the second host's agent:"
