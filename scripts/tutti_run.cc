@@ -1,7 +1,8 @@
 // tutti-run: starts N local ranks of a program with the torchrun-style environment (RANK,
 // WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...), prefixes each output line with its
 // rank, forwards signals, and when one rank fails stops the others and exits with that rank's
-// status. Multi-node jobs use torchrun, srun or mpirun; this is the one-machine launcher.
+// status, or (--max-restarts K) starts them all again, up to K times, as torchrun does.
+// Multi-node jobs use torchrun, srun or mpirun; this is the one-machine launcher.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -42,10 +43,14 @@ struct Rank {
 
 void usage(FILE* f) {
   fprintf(f,
-          "usage: tutti-run -n N [--no-prefix] [--] program [args...]\n"
+          "usage: tutti-run -n N [--max-restarts K] [--no-prefix] [--] program [args...]\n"
           "Starts N ranks of program on this machine with RANK, WORLD_SIZE, LOCAL_RANK,\n"
           "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TUTTI_PORT and TUTTI_SECRET set, as\n"
-          "tuttiCommInitFromEnv expects. Exits with the status of the first rank that fails.\n");
+          "tuttiCommInitFromEnv expects. When a rank fails, stops the others and exits with\n"
+          "its status; with --max-restarts K, first starts all N again (new ports and secret;\n"
+          "TORCHELASTIC_RESTART_COUNT says which start it is), up to K times, as torchrun\n"
+          "--max_restarts does: pair it with a program that resumes from its checkpoint\n"
+          "(tutti-train --auto-resume). A signal forwarded to the ranks ends the job.\n");
 }
 
 // Binds port on the loopback address to see whether it is free (0: any; the port bound).
@@ -135,47 +140,30 @@ void emit(Stream& s, bool prefix, int rank, bool flush) {
   fflush(s.out);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// One start of all N ranks, until every one has ended.
+struct Job {
   int n = 0;
   bool prefix = true;
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--") {
-      ++i;
-      break;
-    } else if ((a == "-n" || a == "--nproc") && i + 1 < argc) {
-      n = atoi(argv[++i]);
-    } else if (a.rfind("-n", 0) == 0 && a.size() > 2) {
-      n = atoi(a.c_str() + 2);
-    } else if (a == "--no-prefix") {
-      prefix = false;
-    } else if (a == "-h" || a == "--help") {
-      usage(stdout);
-      return 0;
-    } else if (a[0] == '-') {
-      fprintf(stderr, "tutti-run: unknown option %s\n", a.c_str());
-      usage(stderr);
-      return 2;
-    } else {
-      break;
-    }
-  }
-  if (n < 1 || i >= argc) {
-    usage(stderr);
-    return 2;
-  }
-  char** program = argv + i;
-
-  // Signals arrive through a signalfd so that the loop below sees them in order with output.
+  char** program = nullptr;
   sigset_t mask;
-  sigemptyset(&mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) sigaddset(&mask, sig);
-  sigprocmask(SIG_BLOCK, &mask, nullptr);
-  int sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  int sigfd = -1;
+  int maxRestarts = 0;
+};
 
+struct Outcome {
+  int failedRank = -1;  // the first rank that failed by itself (not after a forwarded signal)
+  int failedStatus = 0;
+  int forwardedSignal = 0;
+  int exitCode = 0;  // the launcher's, were this start the last
+};
+
+Outcome runOnce(const Job& job, int restart) {
+  const int n = job.n;
+  const bool prefix = job.prefix;
+  char** program = job.program;
+  const int sigfd = job.sigfd;
+  // Every start meets at ports and with a secret of its own: a rank left over from an earlier
+  // start cannot join it.
   int masterPort = freePort(-1);
   int tuttiPort = freePort(masterPort);
   std::string secret = randomHex();
@@ -187,16 +175,16 @@ int main(int argc, char** argv) {
     int pipes[2][2];
     if (pipe2(pipes[0], O_CLOEXEC) != 0 || pipe2(pipes[1], O_CLOEXEC) != 0) {
       perror("tutti-run: pipe");
-      return 2;
+      exit(2);
     }
     pid_t pid = fork();
     if (pid < 0) {
       perror("tutti-run: fork");
-      return 2;
+      exit(2);
     }
     if (pid == 0) {
       setpgid(0, 0);
-      sigprocmask(SIG_UNBLOCK, &mask, nullptr);
+      sigprocmask(SIG_UNBLOCK, &job.mask, nullptr);
       dup2(pipes[0][1], STDOUT_FILENO);
       dup2(pipes[1][1], STDERR_FILENO);
       setenv("RANK", std::to_string(r).c_str(), 1);
@@ -208,6 +196,8 @@ int main(int argc, char** argv) {
       setenv("MASTER_PORT", std::to_string(masterPort).c_str(), 1);
       setenv("TUTTI_PORT", std::to_string(tuttiPort).c_str(), 1);
       setenv("TUTTI_SECRET", secret.c_str(), 1);
+      setenv("TORCHELASTIC_RESTART_COUNT", std::to_string(restart).c_str(), 1);
+      setenv("TORCHELASTIC_MAX_RESTARTS", std::to_string(job.maxRestarts).c_str(), 1);
       execvp(program[0], program);
       fprintf(stderr, "tutti-run: cannot run %s: %s\n", program[0], strerror(errno));
       _exit(127);
@@ -250,7 +240,7 @@ int main(int argc, char** argv) {
     if (rc < 0 && errno != EINTR) {
       perror("tutti-run: poll");
       signalAll(SIGKILL);
-      return 2;
+      exit(2);
     }
     for (size_t k = 1; k < fds.size(); ++k) {
       if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -311,16 +301,92 @@ int main(int argc, char** argv) {
     }
   }
 
+  Outcome out;
+  out.failedRank = failedRank;
+  out.failedStatus = failedStatus;
+  out.forwardedSignal = forwardedSignal;
   if (failedRank >= 0) {
-    fprintf(stderr, "tutti-run: job failed: rank %d %s\n", failedRank,
-            describe(failedStatus).c_str());
-    return exitCodeOf(failedStatus);
-  }
-  if (forwardedSignal) {
+    out.exitCode = exitCodeOf(failedStatus);
+  } else if (forwardedSignal) {
+    out.exitCode = 128 + forwardedSignal;
     for (Rank& rk : ranks) {
-      if (!(WIFEXITED(rk.status) && WEXITSTATUS(rk.status) == 0)) return exitCodeOf(rk.status);
+      if (!(WIFEXITED(rk.status) && WEXITSTATUS(rk.status) == 0)) {
+        out.exitCode = exitCodeOf(rk.status);
+        break;
+      }
     }
-    return 128 + forwardedSignal;
   }
-  return 0;
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Job job;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    } else if ((a == "-n" || a == "--nproc") && i + 1 < argc) {
+      job.n = atoi(argv[++i]);
+    } else if (a.rfind("-n", 0) == 0 && a.size() > 2) {
+      job.n = atoi(a.c_str() + 2);
+    } else if (a == "--max-restarts" || a.rfind("--max-restarts=", 0) == 0) {
+      std::string v;
+      if (a.size() > strlen("--max-restarts")) {
+        v = a.substr(strlen("--max-restarts="));
+      } else if (i + 1 < argc) {
+        v = argv[++i];
+      }
+      char* end = nullptr;
+      errno = 0;
+      long k = strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end || errno || k < 0 || k > 1000000) {
+        fprintf(stderr, "tutti-run: --max-restarts '%s': expected an integer from 0\n",
+                v.c_str());
+        return 2;
+      }
+      job.maxRestarts = int(k);
+    } else if (a == "--no-prefix") {
+      job.prefix = false;
+    } else if (a == "-h" || a == "--help") {
+      usage(stdout);
+      return 0;
+    } else if (a[0] == '-') {
+      fprintf(stderr, "tutti-run: unknown option %s\n", a.c_str());
+      usage(stderr);
+      return 2;
+    } else {
+      break;
+    }
+  }
+  if (job.n < 1 || i >= argc) {
+    usage(stderr);
+    return 2;
+  }
+  job.program = argv + i;
+
+  // Signals arrive through a signalfd so that the loop below sees them in order with output.
+  sigemptyset(&job.mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) sigaddset(&job.mask, sig);
+  sigprocmask(SIG_BLOCK, &job.mask, nullptr);
+  job.sigfd = signalfd(-1, &job.mask, SFD_CLOEXEC | SFD_NONBLOCK);
+
+  for (int restart = 0;; ++restart) {
+    const Outcome out = runOnce(job, restart);
+    if (out.failedRank < 0 || out.forwardedSignal || restart >= job.maxRestarts) {
+      if (out.failedRank >= 0) {
+        fprintf(stderr, "tutti-run: job failed: rank %d %s%s\n", out.failedRank,
+                describe(out.failedStatus).c_str(),
+                job.maxRestarts > 0
+                    ? (" (after " + std::to_string(restart) + " restart(s))").c_str()
+                    : "");
+      }
+      return out.exitCode;
+    }
+    fprintf(stderr, "tutti-run: starting all %d rank(s) again (restart %d of %d)\n", job.n,
+            restart + 1, job.maxRestarts);
+  }
 }

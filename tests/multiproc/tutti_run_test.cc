@@ -1,12 +1,26 @@
 // The local launcher: environment, output prefixes, failure propagation, signal forwarding.
 #include <gtest/gtest.h>
 
+#include <regex>
+#include <set>
+#include <string>
+
 #include "harness/harness.h"
 
 using namespace tutti::test;
 
 namespace {
 std::string runBin() { return TUTTI_RUN_BIN; }
+
+// tutti-run LAUNCHER_ARGS with 2 ranks that print "ready", wait, and on TERM print "got-term" and
+// exit 3; the launcher gets a TERM a second after it starts, and its status is printed last
+// ("launcher-exit S").
+RunResult termAfterASecond(const std::string& launcherArgs) {
+  return runShell(runBin() + " -n 2" + launcherArgs +
+                  " sh -c 'trap \"echo got-term; exit 3\" TERM; echo ready; "
+                  "while true; do sleep 0.1; done' & pid=$!; sleep 1; kill -TERM $pid; wait $pid; "
+                  "echo launcher-exit $?");
+}
 }  // namespace
 
 TEST(TuttiRun, SetsEnvironmentAndPrefixesOutput) {
@@ -41,11 +55,7 @@ TEST(TuttiRun, ReportsARankKilledBySignal) {
 
 TEST(TuttiRun, ForwardsSignals) {
   // SIGTERM to the launcher reaches every rank; the ranks' trap prints and exits 3.
-  RunResult r =
-      runShell(runBin() +
-               " -n 2 sh -c 'trap \"echo got-term; exit 3\" TERM; echo ready; "
-               "while true; do sleep 0.1; done' & pid=$!; sleep 1; kill -TERM $pid; wait $pid; "
-               "echo launcher-exit $?");
+  RunResult r = termAfterASecond("");
   EXPECT_NE(r.output.find("[rank 0] got-term"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rank 1] got-term"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("launcher-exit 3"), std::string::npos) << r.output;
@@ -57,4 +67,56 @@ TEST(TuttiRun, UsageErrors) {
   RunResult missing = runShell(runBin() + " -n 1 /nonexistent/program");
   EXPECT_EQ(missing.exitCode, 127) << missing.output;
   EXPECT_NE(missing.output.find("cannot run"), std::string::npos) << missing.output;
+}
+
+// --max-restarts K starts every rank again after a failure, up to K times, each start with its
+// own ports and TORCHELASTIC_RESTART_COUNT; the job ends well when a start does.
+TEST(TuttiRun, RestartsEveryRankAfterAFailure) {
+  RunResult r = runShell(
+      runBin() +
+      " -n 2 --max-restarts 3 sh -c 'echo \"start $TORCHELASTIC_RESTART_COUNT of "
+      "$TORCHELASTIC_MAX_RESTARTS port $TUTTI_PORT\"; "
+      "if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; then exit 5; fi; sleep 0.2'");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  // (Rank 0 may be stopped before it says anything, but not in the start that ends well.)
+  for (int start = 0; start <= 2; ++start) {
+    EXPECT_NE(r.output.find("[rank 1] start " + std::to_string(start) + " of 3"),
+              std::string::npos)
+        << r.output;
+  }
+  EXPECT_NE(r.output.find("[rank 0] start 2 of 3"), std::string::npos) << r.output;
+  std::set<std::string> ports;  // rank 1's, one a start
+  const std::regex port(R"(\[rank 1\] start \d of 3 port (\d+))");
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), port), end; it != end; ++it) {
+    ports.insert((*it)[1]);
+  }
+  EXPECT_GT(ports.size(), 1u) << "every start met at the same port\n" << r.output;
+  EXPECT_EQ(r.output.find("start 3 of 3"), std::string::npos) << "one start too many\n"
+                                                              << r.output;
+  EXPECT_NE(r.output.find("starting all 2 rank(s) again (restart 1 of 3)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("starting all 2 rank(s) again (restart 2 of 3)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("job failed"), std::string::npos) << r.output;
+}
+
+TEST(TuttiRun, GivesUpAfterItsRestartsWithTheLastFailure) {
+  RunResult r = runShell(runBin() + " -n 2 --max-restarts=1 sh -c 'exit $((4 + $RANK))'");
+  EXPECT_TRUE(r.exitCode == 4 || r.exitCode == 5) << r.output;
+  EXPECT_NE(r.output.find("(restart 1 of 1)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("(restart 2 of 1)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("job failed: rank"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(after 1 restart(s))"), std::string::npos) << r.output;
+  for (const char* bad : {" --max-restarts -1 true", " --max-restarts x true",
+                          " --max-restarts=", " --max-restarts"}) {
+    RunResult u = runShell(runBin() + " -n 1" + bad);
+    EXPECT_EQ(u.exitCode, 2) << bad << "\n" << u.output;
+  }
+}
+
+// A signal the launcher forwards ends the job: no restart.
+TEST(TuttiRun, AForwardedSignalIsNotRestarted) {
+  RunResult r = termAfterASecond(" --max-restarts 3");
+  EXPECT_NE(r.output.find("launcher-exit 3"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("again"), std::string::npos) << r.output;
 }

@@ -760,6 +760,41 @@ TEST(TrainerProcesses, LearnsUnderTuttiRunAndMpirun) {
   }
 }
 
+// A job that tutti-run starts again after a rank failed (--max-restarts, as torchrun's) picks
+// up its last checkpoint with --auto-resume and ends where an uninterrupted run does, bit for bit
+// (tests/launch/torchrun.sh does the same under a real torchrun).
+TEST(TrainerProcesses, ARestartedJobEndsWhereAnUninterruptedOneDoes) {
+  const std::string dir = ::testing::TempDir();
+  const std::string straight = dir + "/tutti_ck_restart_straight",
+                    restarted = dir + "/tutti_ck_restarted";
+  std::remove(restarted.c_str());
+  const std::string args =
+      " --epochs 2 --batch 64 --train-limit 2000 --test-limit 500 --save-every 5";
+  const tutti::test::RunResult a = tutti::test::runShell(
+      std::string(TUTTI_RUN_BIN) + " -n 2 " + TUTTI_TRAIN_BIN + args + " --checkpoint " + straight);
+  ASSERT_EQ(a.exitCode, 0) << a.output;
+  const tutti::test::RunResult b = tutti::test::runShell(
+      "TUTTI_TRAINER_FAIL_AT=1:12 " + std::string(TUTTI_RUN_BIN) + " -n 2 --max-restarts 1 " +
+      TUTTI_TRAIN_BIN + args + " --checkpoint " + restarted + " --auto-resume");
+  ASSERT_EQ(b.exitCode, 0) << b.output;
+  for (const std::string& want :
+       {"no checkpoint at " + restarted + " yet: starting afresh",
+        std::string("rank 1: failed at step 12 as TUTTI_TRAINER_FAIL_AT asked"),
+        std::string("starting all 2 rank(s) again (restart 1 of 1)"),
+        "resumed from " + restarted + " at step 10", std::string("[rank 0] epoch 2/2")}) {
+    EXPECT_NE(b.output.find(want), std::string::npos) << want << "\n" << b.output;
+  }
+  Checkpoint ka, kb;
+  std::string err;
+  ASSERT_TRUE(loadCheckpoint(straight, &ka, &err)) << err;
+  ASSERT_TRUE(loadCheckpoint(restarted, &kb, &err)) << err;
+  EXPECT_EQ(kb.step, ka.step);
+  EXPECT_EQ(kb.params, ka.params);
+  EXPECT_EQ(kb.momentum, ka.momentum);
+  std::remove(straight.c_str());
+  std::remove(restarted.c_str());
+}
+
 // An error every rank makes alike is printed once, not once per rank: by the one process of
 // --threads, and by rank 0 alone of tutti-run's processes.
 TEST(TrainerProcesses, AnErrorEveryRankMakesIsPrintedOnce) {
