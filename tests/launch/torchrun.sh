@@ -29,17 +29,18 @@ scratch torchrun
 fail() { echo "FAILED: $*"; exit 1; }
 
 # free_pair VAR: VAR = a port P where P and P + 1 are free (torchrun's store may take P, tutti's
-# root P + 1).
+# root P + 1). Below the kernel's ephemeral range, as tutti-run's: a port bind(0) handed out
+# may go to any connection this machine opens before the launch binds it (ctest -j2).
 free_pair() {
   local p
   p="$(python3 -c '
-import socket, sys
-for _ in range(100):
-    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
-    b = socket.socket()
+import random, socket, sys
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(200):
+    p = random.randrange(20000, max(20001, low - 1))
+    a, b = socket.socket(), socket.socket()
     try:
-        if p < 65535:
-            b.bind(("127.0.0.1", p + 1)); print(p); sys.exit(0)
+        a.bind(("127.0.0.1", p)); b.bind(("127.0.0.1", p + 1)); print(p); sys.exit(0)
     except OSError:
         pass
     finally:
