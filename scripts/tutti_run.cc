@@ -375,7 +375,19 @@ int main(int argc, char** argv) {
   job.sigfd = signalfd(-1, &job.mask, SFD_CLOEXEC | SFD_NONBLOCK);
 
   for (int restart = 0;; ++restart) {
-    const Outcome out = runOnce(job, restart);
+    Outcome out = runOnce(job, restart);
+    // A signal that came after the start's last look (its ranks all gone) ends the job too,
+    // rather than reach the ranks of a new start.
+    if (out.failedRank >= 0 && !out.forwardedSignal && restart < job.maxRestarts) {
+      signalfd_siginfo info;
+      while (read(job.sigfd, &info, sizeof(info)) == sizeof(info)) {
+        if (info.ssi_signo == SIGCHLD) continue;
+        out.forwardedSignal = int(info.ssi_signo);
+        fprintf(stderr, "tutti-run: signal %d (%s) came while rank %d's failure stopped the job: "
+                "no restart\n", out.forwardedSignal, strsignal(out.forwardedSignal),
+                out.failedRank);
+      }
+    }
     if (out.failedRank < 0 || out.forwardedSignal || restart >= job.maxRestarts) {
       if (out.failedRank >= 0) {
         fprintf(stderr, "tutti-run: job failed: rank %d %s%s\n", out.failedRank,

@@ -35,9 +35,12 @@ free_pair() {
   local p
   p="$(python3 -c '
 import random, socket, sys
-low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+    low, high = map(int, f.read().split())
+# Outside the ephemeral range where 1000 ports are there: below it, else above it, else any.
+span = (20000, low - 1) if low - 20000 >= 1000 else (high + 1, 65534) if 65534 - high >= 1000 else (1024, 65534)
 for _ in range(200):
-    p = random.randrange(20000, max(20001, low - 1))
+    p = random.randrange(*span)
     a, b = socket.socket(), socket.socket()
     try:
         a.bind(("127.0.0.1", p)); b.bind(("127.0.0.1", p + 1)); print(p); sys.exit(0)
@@ -58,12 +61,11 @@ unset NCCL_COMM_ID MASTER_ADDR MASTER_PORT TUTTI_PORT RANK WORLD_SIZE LOCAL_RANK
 
 if ((HOSTS == 1)); then
   free_pair p1
-  free_pair p2
-  free_pair p3
-  free_pair p4
   run_perf 3 "${TR[@]}" --nnodes 1 --nproc_per_node 3 --master_addr 127.0.0.1 --master_port "$p1"
+  free_pair p2
   run_perf 3 "${TR[@]}" --nnodes 1 --nproc_per_node 3 --rdzv_backend c10d \
     --rdzv_endpoint "127.0.0.1:$p2" --rdzv_id "tutti-$TAG"
+  free_pair p3
   run_train "${TR[@]}" --nnodes 1 --nproc_per_node 2 --master_port "$p3"
   if [ -n "${LAST_OUT:-}" ]; then
     grep -q "2 local ranks" <<<"$LAST_OUT" || fail "tutti-train did not read LOCAL_WORLD_SIZE"
@@ -74,6 +76,7 @@ if ((HOSTS == 1)); then
     echo "== tutti-run -n 2 tutti-train ${args[*]} (uninterrupted)"
     timeout 90 "$BUILD/tutti-run" -n 2 "$BUILD/tutti-train" "${args[@]}" \
       --checkpoint "$DIR/straight.ck" || fail "the uninterrupted run failed"
+    free_pair p4
     echo "== TUTTI_TRAINER_FAIL_AT=1:12 torchrun --max_restarts 1 tutti-train ${args[*]} --auto-resume"
     out="$(TUTTI_TRAINER_FAIL_AT=1:12 timeout 120 "${TR[@]}" --nnodes 1 --nproc_per_node 2 \
       --master_port "$p4" --max_restarts 1 "$BUILD/tutti-train" "${args[@]}" \

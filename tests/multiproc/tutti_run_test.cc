@@ -12,14 +12,15 @@ using namespace tutti::test;
 namespace {
 std::string runBin() { return TUTTI_RUN_BIN; }
 
-// tutti-run LAUNCHER_ARGS with 2 ranks that print "ready", wait, and on TERM print "got-term" and
-// exit 3; the launcher gets a TERM a second after it starts, and its status is printed last
-// ("launcher-exit S").
-RunResult termAfterASecond(const std::string& launcherArgs) {
-  return runShell(runBin() + " -n 2" + launcherArgs +
-                  " sh -c 'trap \"echo got-term; exit 3\" TERM; echo ready; "
-                  "while true; do sleep 0.1; done' & pid=$!; sleep 1; kill -TERM $pid; wait $pid; "
-                  "echo launcher-exit $?");
+// tutti-run LAUNCHER_ARGS with 2 ranks running RANK_SCRIPT (sh) after a TERM trap that prints
+// "got-term" and exits 3; the launcher gets a TERM once both traps are set (each rank leaves a
+// file then; at most 20 s), and its status is printed last ("launcher-exit S").
+RunResult termOnceTrapped(const std::string& launcherArgs, const std::string& rankScript) {
+  return runShell(
+      "d=$(mktemp -d); " + runBin() + " -n 2" + launcherArgs +
+      " sh -c 'trap \"echo got-term; exit 3\" TERM; touch '$d'/ready.$RANK; " + rankScript +
+      "' & pid=$!; for i in $(seq 200); do [ -e $d/ready.0 ] && [ -e $d/ready.1 ] && break; "
+      "sleep 0.1; done; kill -TERM $pid; wait $pid; echo launcher-exit $?; rm -rf $d");
 }
 }  // namespace
 
@@ -55,7 +56,7 @@ TEST(TuttiRun, ReportsARankKilledBySignal) {
 
 TEST(TuttiRun, ForwardsSignals) {
   // SIGTERM to the launcher reaches every rank; the ranks' trap prints and exits 3.
-  RunResult r = termAfterASecond("");
+  RunResult r = termOnceTrapped("", "while true; do sleep 0.1; done");
   EXPECT_NE(r.output.find("[rank 0] got-term"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rank 1] got-term"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("launcher-exit 3"), std::string::npos) << r.output;
@@ -108,15 +109,34 @@ TEST(TuttiRun, GivesUpAfterItsRestartsWithTheLastFailure) {
   EXPECT_NE(r.output.find("job failed: rank"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(after 1 restart(s))"), std::string::npos) << r.output;
   for (const char* bad : {" --max-restarts -1 true", " --max-restarts x true",
-                          " --max-restarts=", " --max-restarts"}) {
+                          " --max-restarts= true", " --max-restarts 2x true"}) {
     RunResult u = runShell(runBin() + " -n 1" + bad);
     EXPECT_EQ(u.exitCode, 2) << bad << "\n" << u.output;
+    EXPECT_NE(u.output.find("expected an integer from 0"), std::string::npos) << bad << "\n"
+                                                                             << u.output;
   }
+  // Without --max-restarts the failure is told as before.
+  RunResult plain = runShell(runBin() + " -n 1 sh -c 'exit 4'");
+  EXPECT_EQ(plain.exitCode, 4) << plain.output;
+  EXPECT_EQ(plain.output.find("restart"), std::string::npos) << plain.output;
 }
 
-// A signal the launcher forwards ends the job: no restart.
+// A signal the launcher forwards ends the job: no restart, whether it comes with every rank
+// running, or while the ranks of a failed start are being stopped (rank 0 ignores the TERM
+// that stops it, so the launcher's comes meanwhile; the job's status stays rank 1's).
 TEST(TuttiRun, AForwardedSignalIsNotRestarted) {
-  RunResult r = termAfterASecond(" --max-restarts 3");
+  RunResult r = termOnceTrapped(" --max-restarts 3", "while true; do sleep 0.1; done");
   EXPECT_NE(r.output.find("launcher-exit 3"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("again"), std::string::npos) << r.output;
+  // Rank 0 ignores TERM, then says it is ready; rank 1 says so and fails. The launcher's TERM
+  // comes half a second later: after the failure (or, on a machine too slow to have seen it,
+  // before: then no rank failed by itself, and there is no restart either).
+  RunResult f = runShell(
+      "d=$(mktemp -d); " + runBin() +
+      " -n 2 --max-restarts 3 sh -c 'if [ $RANK = 1 ]; then touch '$d'/ready.1; exit 5; fi; "
+      "trap \"\" TERM; touch '$d'/ready.0; sleep 3' & pid=$!; for i in $(seq 200); do "
+      "[ -e $d/ready.0 ] && [ -e $d/ready.1 ] && break; sleep 0.1; done; sleep 0.5; "
+      "kill -TERM $pid; wait $pid; echo launcher-exit $?; rm -rf $d");
+  EXPECT_NE(f.output.find("launcher-exit 5"), std::string::npos) << f.output;
+  EXPECT_EQ(f.output.find("again"), std::string::npos) << f.output;
 }

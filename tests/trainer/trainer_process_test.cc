@@ -44,7 +44,9 @@ TEST(TrainerProcesses, LearnsUnderTuttiRunAndMpirun) {
     ASSERT_EQ(loss.size(), 2u) << "only rank 0 reports, once an epoch\n" << cmd << "\n" << out;
     EXPECT_LT(loss[1], loss[0]) << cmd << "\n" << out;
     EXPECT_GT(acc[1], 70.0) << cmd << "\n" << out;  // chance is 10%
-    if (!mpi) EXPECT_NE(out.find("[rank 0] epoch 2/2"), std::string::npos) << out;
+    if (!mpi) {
+      EXPECT_NE(out.find("[rank 0] epoch 2/2"), std::string::npos) << out;
+    }
   }
 }
 
