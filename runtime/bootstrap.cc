@@ -44,8 +44,9 @@ Result<std::unique_ptr<Bootstrap>> Bootstrap::create(const wire::UniqueId& id, i
 
 Status Bootstrap::checkInAndFormRing(const wire::UniqueId& id) {
   net::SockAddr root = wire::toSockAddr(id.root);
-  // Ranks of a job whose root is on loopback are all on this host: stay on loopback.
-  TUTTI_ASSIGN(local, net::localAddressToward(root));
+  // Ranks of a job whose root is on loopback are all on this host (stay on loopback), unless
+  // the launcher says they are not (wire.h: kJobSpansHosts).
+  TUTTI_ASSIGN(local, net::localAddressToward(root, (id.flags & wire::kJobSpansHosts) != 0));
   TUTTI_ASSIGN(listener, net::Socket::listen(local));
   listener_ = std::move(listener);
   TUTTI_ASSIGN(bound, listener_.localAddr());

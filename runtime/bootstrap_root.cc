@@ -212,6 +212,13 @@ class Root {
     std::string msg = "rank(s) " + rankList(missingRanks()) + " of " + std::to_string(nranks_) +
                       " did not check in with the bootstrap root at " + where + " within " +
                       std::to_string(static_cast<int>(timeoutS_)) + " s (TUTTI_BOOTSTRAP_TIMEOUT)";
+    // A root on loopback is out of reach of other hosts' ranks; the launcher did not say the
+    // job spans hosts (else it would listen on every address), but it may.
+    if (listener_.localAddr().ok() && listener_.localAddr().value().isLoopback()) {
+      msg += ". It listens on a loopback address, which ranks on other hosts cannot reach: if "
+             "the job spans hosts, name rank 0's host by an address they reach (a name that "
+             "/etc/hosts maps to 127.0.1.1 is a loopback one there)";
+    }
     TUTTI_WARN("bootstrap root: %s", msg.c_str());
     answerAll(Code::kTimeout, msg);
   }
@@ -286,6 +293,14 @@ Result<wire::UniqueId> startRootWithNewId(const net::SockAddr& bindAddr) {
 
 Result<std::shared_ptr<RootControl>> startRootForId(const wire::UniqueId& id) {
   net::SockAddr addr = wire::toSockAddr(id.root);
+  if ((id.flags & wire::kJobSpansHosts) && addr.isLoopback()) {
+    // The other hosts reach this one by another address (wire.h): every address, one port.
+    TUTTI_INFO(log::kBootstrap,
+               "bootstrap root: the rendezvous %s is a loopback address here, but the ranks are on "
+               "several hosts: listening on every address, port %u",
+               addr.toString().c_str(), addr.port());
+    addr = net::wildcardAddress(addr.family(), addr.port());
+  }
   Result<net::Socket> listener = net::Socket::listen(addr);
   if (!listener.ok()) {
     return listener.status().withContext("rank 0 cannot host the bootstrap root at " +

@@ -44,12 +44,14 @@ Result<LaunchSpec> resolveLaunchEnv(const EnvLookup& env) {
     const char* rank;
     const char* size;
     const char* local;
+    const char* localSize;  // ranks on this host
   };
   const Source sources[] = {
-      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
-      {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-      {"PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
-      {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+      {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+      {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
   };
   for (const Source& src : sources) {
     auto rank = asInt(env(src.rank));
@@ -59,6 +61,15 @@ Result<LaunchSpec> resolveLaunchEnv(const EnvLookup& env) {
     s.nranks = *size;
     s.localRank = asInt(env(src.local)).value_or(-1);
     s.source = src.name;
+    if (src.localSize) {
+      auto local = asInt(env(src.localSize));
+      s.spansHosts = local && *local > 0 && *local < s.nranks;
+    } else {  // Slurm: the step's nodes (the job's, outside a step)
+      auto nodes = asInt(env("SLURM_STEP_NUM_NODES"));
+      if (!nodes) nodes = asInt(env("SLURM_JOB_NUM_NODES"));
+      if (!nodes) nodes = asInt(env("SLURM_NNODES"));
+      s.spansHosts = nodes && *nodes > 1;
+    }
     break;
   }
   if (s.source.empty()) {

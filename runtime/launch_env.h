@@ -16,6 +16,9 @@ struct LaunchSpec {
   int rank = -1;
   int nranks = 0;
   int localRank = -1;      // -1: unknown
+  // The launcher says the ranks are on more than one host (fewer local ranks than ranks, or
+  // more than one node); false where it says not, or says nothing.
+  bool spansHosts = false;
   std::string rendezvous;  // host:port of the root (rank 0 hosts it)
   std::string jobKey;      // what makes this job's handshake secret differ from another's
   std::string source;      // "torchrun", "Open MPI", ... for logs

@@ -9,11 +9,12 @@
 
 namespace tutti {
 
-Result<wire::UniqueId> idForAddress(const std::string& hostPort, const std::string& jobKey) {
+Result<wire::UniqueId> idForAddress(const std::string& hostPort, const std::string& jobKey,
+                                    bool spansHosts) {
   TUTTI_ASSIGN(addr, net::parseHostPort(hostPort));
   wire::UniqueId id{};
   id.magic = wire::kIdMagic;
-  id.flags = wire::kRootStartedByRank0;
+  id.flags = wire::kRootStartedByRank0 | (spansHosts ? wire::kJobSpansHosts : 0u);
   id.root = wire::fromSockAddr(addr);
   std::string key = env::getString("TUTTI_SECRET").value_or(hostPort + "|" + jobKey);
   id.secret = fnv1a(key.data(), key.size()) | 1;  // never 0

@@ -15,7 +15,8 @@ Result<wire::UniqueId> newUniqueId();
 // An id for a fixed rendezvous address, as NCCL_COMM_ID and the launchers use: every rank
 // computes the same id on its own. The secret comes from TUTTI_SECRET when set, else from
 // `jobKey` (the address plus whatever identifies the job).
-Result<wire::UniqueId> idForAddress(const std::string& hostPort, const std::string& jobKey);
+Result<wire::UniqueId> idForAddress(const std::string& hostPort, const std::string& jobKey,
+                                    bool spansHosts = false);
 
 struct Started {
   Comm* comm;

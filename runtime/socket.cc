@@ -186,8 +186,16 @@ std::vector<Interface> findInterfaces(const std::string& spec, int family) {
   return found;
 }
 
-Result<SockAddr> localAddressToward(const SockAddr& toward) {
-  if (toward.isLoopback()) {
+SockAddr wildcardAddress(int family, uint16_t port) {
+  SockAddr any;
+  any.storage.ss_family = static_cast<sa_family_t>(family);
+  any.len = family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  any.setPort(port);
+  return any;
+}
+
+Result<SockAddr> localAddressToward(const SockAddr& toward, bool peersElsewhere) {
+  if (toward.isLoopback() && !peersElsewhere) {
     SockAddr a;
     if (toward.family() == AF_INET6) {
       auto* a6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
@@ -255,10 +263,7 @@ Result<Socket> Socket::listen(const SockAddr& addrIn) {
     // and say so, since other ranks will hang at their deadline if the address is wrong.
     TUTTI_WARN("%s is not an address of this host; listening on all interfaces, port %u instead",
                addr.toString().c_str(), addr.port());
-    SockAddr any;
-    any.storage.ss_family = addr.family();
-    any.len = addr.len;
-    any.setPort(addr.port());
+    const SockAddr any = wildcardAddress(addr.family(), addr.port());
     if (::bind(s.fd_, any.sa(), any.len) != 0) return errnoStatus("bind " + any.toString(), errno);
   }
   if (::listen(s.fd_, 1024) != 0) return errnoStatus("listen", errno);

@@ -51,8 +51,11 @@ bool interfaceMatches(const std::string& spec, const std::string& ifname);
 // default, which skips lo and docker*, and falls back to lo when nothing else is up).
 std::vector<Interface> findInterfaces(const std::string& spec, int family);
 // The local address to listen on so that a peer at `toward` can reach us: loopback when
-// `toward` is loopback, else the NCCL_SOCKET_IFNAME / default interface of the same family.
-Result<SockAddr> localAddressToward(const SockAddr& toward);
+// `toward` is loopback (unless peersElsewhere: other hosts must reach us too), else the
+// NCCL_SOCKET_IFNAME / default interface of the same family.
+Result<SockAddr> localAddressToward(const SockAddr& toward, bool peersElsewhere = false);
+// Every address of the family (0.0.0.0, ::) at port.
+SockAddr wildcardAddress(int family, uint16_t port);
 
 class Socket {
  public:

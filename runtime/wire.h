@@ -31,6 +31,11 @@ enum IdFlags : uint32_t {
   // The root listener is started by rank 0 inside ncclCommInitRank (NCCL_COMM_ID style),
   // not by ncclGetUniqueId.
   kRootStartedByRank0 = 1u << 0,
+  // The launcher says the ranks are on several hosts. A root address that is a loopback one
+  // here (a host's own name that /etc/hosts maps to 127.0.1.1, as Debian and Ubuntu do) is
+  // then not where the other hosts reach it: the root listens on every address, and ranks
+  // listen on their interface's, not on loopback.
+  kJobSpansHosts = 1u << 1,
 };
 
 // What ncclUniqueId.internal holds.

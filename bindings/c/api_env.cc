@@ -28,10 +28,11 @@ TUTTI_API ncclResult_t tuttiCommInitFromEnv(ncclComm_t* comm) {
     device = s.localRank >= 0 ? s.localRank % count : cuda::currentDevice();
     if (Status st = cuda::setDevice(device); !st.ok()) return fail(fn, st);
   }
-  TUTTI_INFO(log::kInit, "%s: rank %d of %d (%s), local rank %d, rendezvous %s, %s", fn, s.rank,
-             s.nranks, s.source.c_str(), s.localRank, s.rendezvous.c_str(),
+  TUTTI_INFO(log::kInit, "%s: rank %d of %d (%s), local rank %d, rendezvous %s%s, %s", fn,
+             s.rank, s.nranks, s.source.c_str(), s.localRank, s.rendezvous.c_str(),
+             s.spansHosts ? " (ranks on several hosts)" : "",
              device >= 0 ? ("cudaDev " + std::to_string(device)).c_str() : "CPU rank");
-  Result<wire::UniqueId> id = idForAddress(s.rendezvous, s.jobKey);
+  Result<wire::UniqueId> id = idForAddress(s.rendezvous, s.jobKey, s.spansHosts);
   if (!id.ok()) return fail(fn, id.status());
   Result<Started> r = initRank(s.nranks, id.value(), s.rank, device, CommConfig{});
   if (!r.ok()) return fail(fn, r.status());

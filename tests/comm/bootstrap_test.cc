@@ -153,3 +153,45 @@ TEST(Bootstrap, AnotherProgramAtTheRootsAddressIsNamed) {
     EXPECT_EQ(m.find("<no address>"), std::string::npos) << m;
   }
 }
+
+// A job on several hosts whose rendezvous name is a loopback address on rank 0's host (Debian
+// and Ubuntu map a host's own name to 127.0.1.1): the root listens on every address, so the
+// other hosts reach it by the name's address there, and the ranks listen on their interface,
+// not on loopback. Without the launcher saying so, all stays on loopback.
+TEST(Bootstrap, ALoopbackRendezvousOfAJobOnSeveralHostsIsReachableFromThem) {
+  auto freePort = [] {
+    net::SockAddr any = net::parseHostPort("127.0.0.1:1").value();
+    any.setPort(0);
+    auto l = net::Socket::listen(any);
+    return l.ok() ? l.value().localAddr().value().port() : 0;
+  };
+  for (bool spans : {true, false}) {
+    const int port = freePort();
+    ASSERT_GT(port, 0);
+    auto id = idForAddress("127.0.1.1:" + std::to_string(port), "test", spans);
+    ASSERT_TRUE(id.ok()) << id.status().message();
+    EXPECT_EQ((id.value().flags & wire::kJobSpansHosts) != 0, spans);
+    auto root = startRootForId(id.value());
+    ASSERT_TRUE(root.ok()) << root.status().message();
+    // Another address of this host than the one named: only a root on every address answers.
+    const net::SockAddr other = net::parseHostPort("127.0.0.1:" + std::to_string(port)).value();
+    auto probe = net::Socket::connect(other, net::deadlineAfter(0.5), nullptr);
+    EXPECT_EQ(probe.ok(), spans) << (probe.ok() ? "" : probe.status().message());
+    if (probe.ok()) probe.value().close();  // the root drops a connection that says nothing
+    root.value()->stopAndWait();
+  }
+  // The ranks of such a job listen on the interface NCCL_SOCKET_IFNAME (or the default) names,
+  // where other hosts reach them (the tests name lo; here the first other one, where this host
+  // has one), and their ring forms.
+  std::vector<net::Interface> up = net::findInterfaces("", AF_INET);
+  const bool onlyLo = up.empty() || up[0].addr.isLoopback();
+  tutti::test::ScopedEnv ifname("NCCL_SOCKET_IFNAME", onlyLo ? "lo" : up[0].name.c_str());
+  auto id = idForAddress("127.0.1.1:" + std::to_string(freePort()), "test", true);
+  ASSERT_TRUE(id.ok());
+  auto b = formRing(3, id.value());
+  for (auto& x : b) {
+    ASSERT_TRUE(x);
+    if (!onlyLo) EXPECT_FALSE(x->listenAddr().isLoopback()) << x->listenAddr().toString();
+  }
+  checkAllGather(b);
+}

@@ -6,8 +6,9 @@
 #   slurm_cluster.sh BUILD_DIR 1   one node, localhost
 #   slurm_cluster.sh BUILD_DIR 2   two nodes, each in a network namespace of its own joined by
 #                                  a veth pair, their names (t<pid>n1, t<pid>n2: Slurm lists
-#                                  them as t<pid>n[1-2]) in a private /etc/hosts; 4 ranks, 2 a
-#                                  node, shm inside a node and tcp between
+#                                  them as t<pid>n[1-2]) in a private /etc/hosts (the first
+#                                  node's own name a loopback address on it, as Debian writes
+#                                  it); 4 ranks, 2 a node, shm inside a node and tcp between
 # Needs root. Runs in a PID and mount namespace of its own (unshare), so every process it starts
 # ends with it, even when killed, and the /etc/hosts it mounts is seen by it alone. Exits 77
 # (ctest: skipped) without root, Slurm, unshare or namespaces, or where a Slurm daemon cannot
@@ -50,6 +51,10 @@ if ((NODES == 2)); then
   esac
   N1="t${TAG}n1" N2="t${TAG}n2"
   { cat /etc/hosts; printf '10.231.78.1 %s\n10.231.78.2 %s\n' "$N1" "$N2"; } >"$DIR/hosts"
+  # The first node sees its own name as Debian and Ubuntu write it, a loopback address
+  # (127.0.1.1), in a file its slurmd (and so its steps' ranks) alone sees: tutti's root,
+  # hosted there at that name, must still be reached from the second node.
+  { cat /etc/hosts; printf '127.0.1.1 %s\n10.231.78.2 %s\n' "$N1" "$N2"; } >"$DIR/hosts.$N1"
   mount --bind "$DIR/hosts" /etc/hosts || skip "cannot mount a private /etc/hosts"
   CTLD_ADDR=10.231.78.1 CTLD_PORT=6817 SLURMD_PORT=6818
   NODE_LINES="NodeName=$N1 NodeAddr=10.231.78.1 CPUs=$(nproc) State=UNKNOWN
@@ -103,7 +108,11 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 on "$FIRST" slurmctld -D -i -f "$SLURM_CONF" >"$DIR/log/slurmctld.out" 2>&1 &
 for h in "${HOSTS[@]}"; do
-  on "${h%%:*}" slurmd -D -N "${h#*:}" -f "$SLURM_CONF" >"$DIR/log/slurmd-${h#*:}.out" 2>&1 &
+  own=()  # a node's own /etc/hosts, where it has one, in a mount namespace of its own
+  [ -e "$DIR/hosts.${h#*:}" ] && own=(unshare --mount --propagation private
+    sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$DIR/hosts.${h#*:}")
+  on "${h%%:*}" "${own[@]}" slurmd -D -N "${h#*:}" -f "$SLURM_CONF" \
+    >"$DIR/log/slurmd-${h#*:}.out" 2>&1 &
 done
 idle() { on "$FIRST" sinfo -h -N -o %t 2>/dev/null | grep -c idle; }
 for _ in $(seq 60); do
@@ -127,8 +136,14 @@ unset NCCL_COMM_ID MASTER_ADDR MASTER_PORT TUTTI_PORT RANK WORLD_SIZE
 RANKS=$((2 * NODES))
 echo "== where srun puts the ranks"
 out="$(on "$FIRST" timeout 60 srun -N "$NODES" -n "$RANKS" -l bash -c \
-  'echo "rank $SLURM_PROCID on $SLURMD_NODENAME of $SLURM_STEP_NODELIST"' 2>&1)"
+  'echo "rank $SLURM_PROCID on $SLURMD_NODENAME of $SLURM_STEP_NODELIST," \
+     "which is $(getent hosts "${SLURM_STEP_NODELIST%%[*}1" | cut -d" " -f1) there"' 2>&1)"
 echo "$out"
+if ((NODES == 2)); then  # each node sees the first node's name as it should
+  grep -q "rank 0 on $N1 .* which is 127.0.1.1 there" <<<"$out" &&
+    grep -q "rank 3 on $N2 .* which is 10.231.78.1 there" <<<"$out" ||
+    fail "the nodes do not see the first node's name as set up"
+fi
 ON_FIRST=()  # the launch runs where on "$FIRST" would run it (timeout takes no function)
 ((NODES == 2)) && ON_FIRST=(nsenter --net="/var/run/netns/$FIRST")
 run_perf "$RANKS" "${ON_FIRST[@]}" srun -N "$NODES" -n "$RANKS"

@@ -8,8 +8,10 @@
 #                             tutti-train --auto-resume): its last checkpoint must hold the
 #                             same bytes as an uninterrupted run's
 #   torchrun.sh BUILD_DIR 2   two hosts, each a network namespace of its own joined by a veth
-#                             pair, an agent on each (--nnodes 2 --node_rank 0|1, --master_addr
-#                             the first's address); 4 ranks, shm inside a host and tcp between
+#                             pair, an agent on each (--nnodes 2 --node_rank 0|1); tutti-perf,
+#                             4 ranks, shm inside a host and tcp between, meets at the first
+#                             host's name, a loopback address there (127.0.1.1, as Debian
+#                             writes a host's own name); tutti-train, 2 ranks, at its address
 # Runs in a PID namespace of its own where it can (root), so every agent and rank it starts ends
 # with it, even when killed. Exits 77 (ctest: skipped) without torchrun, or, for two hosts,
 # without root, unshare, nsenter or network namespaces.
@@ -103,11 +105,22 @@ else
     2) fail "the veth pair or its addresses" ;;
   esac
   export NCCL_SOCKET_IFNAME=v  # the veth ends (va..., vb...)
+  # The first host's name, as Debian and Ubuntu write a host's own name in its /etc/hosts: a
+  # loopback address there (127.0.1.1), its network address on the other host. Each host sees
+  # its own file, bind-mounted in a mount namespace of its own.
+  FIRST="t${TAG}a"
+  { cat /etc/hosts; echo "127.0.1.1 $FIRST"; } >"$DIR/hosts.a"
+  { cat /etc/hosts; echo "10.231.79.1 $FIRST"; } >"$DIR/hosts.b"
   # (nsenter, not `ip netns exec`, which needs a /sys it can mount)
-  ON_A=(nsenter --net="/var/run/netns/$NSA")
-  ON_B=(nsenter --net="/var/run/netns/$NSB")
+  on_host() {  # on_host NETNS HOSTS_FILE: the command line that runs what follows there
+    printf '%s\0' nsenter --net="/var/run/netns/$1" unshare --mount --propagation private \
+      sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$2"
+  }
+  mapfile -d '' ON_A < <(on_host "$NSA" "$DIR/hosts.a")
+  mapfile -d '' ON_B < <(on_host "$NSB" "$DIR/hosts.b")
   port=29500  # a namespace of its own: nothing else listens there
-  NODE=(--nnodes 2 --nproc_per_node 2 --master_addr 10.231.79.1 --master_port "$port")
+  # The rendezvous by that name: tutti's root must listen where the second host reaches it.
+  NODE=(--nnodes 2 --nproc_per_node 2 --master_addr "$FIRST" --master_port "$port")
   # The second host's agent, started first: it waits for the first's store.
   timeout 90 "${ON_B[@]}" "${TR[@]}" "${NODE[@]}" --node_rank 1 "$BUILD/tutti-perf" \
     "${PERF_ARGS[@]}" >"$DIR/host2.out" 2>&1 &

@@ -120,3 +120,48 @@ TEST(LaunchEnv, MissingOrBadEnvironment) {
   s = resolve({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}});
   ASSERT_FALSE(s.ok());
 }
+
+// Whether the launcher puts the ranks on several hosts (a rendezvous name that is a loopback
+// address on rank 0's host must then not keep the root and the ranks on loopback): from the
+// local size each launcher gives, or Slurm's node count; unknown counts as one host.
+TEST(LaunchEnv, RanksOnSeveralHostsAreTold) {
+  struct Case {
+    std::map<std::string, std::string> vars;
+    bool spans;
+  };
+  const std::map<std::string, std::string> torch = {
+      {"RANK", "1"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"}};
+  auto with = [](std::map<std::string, std::string> v, const char* k, const char* x) {
+    v[k] = x;
+    return v;
+  };
+  const std::map<std::string, std::string> ompi = {{"OMPI_COMM_WORLD_RANK", "1"},
+                                                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                                                   {"NCCL_COMM_ID", "node0:5000"}};
+  const std::map<std::string, std::string> pmi = {
+      {"PMI_RANK", "1"}, {"PMI_SIZE", "4"}, {"NCCL_COMM_ID", "node0:5000"}};
+  const std::map<std::string, std::string> slurm = {{"SLURM_PROCID", "1"},
+                                                    {"SLURM_NTASKS", "4"},
+                                                    {"SLURM_STEP_NODELIST", "node[0-1]"},
+                                                    {"SLURM_JOB_ID", "7"}};
+  const Case cases[] = {
+      {torch, false},
+      {with(torch, "LOCAL_WORLD_SIZE", "2"), true},
+      {with(torch, "LOCAL_WORLD_SIZE", "4"), false},
+      {with(ompi, "OMPI_COMM_WORLD_LOCAL_SIZE", "2"), true},
+      {with(ompi, "OMPI_COMM_WORLD_LOCAL_SIZE", "4"), false},
+      {with(pmi, "MPI_LOCALNRANKS", "1"), true},
+      {with(pmi, "MPI_LOCALNRANKS", "4"), false},
+      {slurm, false},
+      {with(slurm, "SLURM_STEP_NUM_NODES", "2"), true},
+      {with(slurm, "SLURM_STEP_NUM_NODES", "1"), false},
+      {with(slurm, "SLURM_NNODES", "2"), true},
+  };
+  for (const Case& c : cases) {
+    auto s = resolve(c.vars);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    std::string vars;
+    for (const auto& [k, v] : c.vars) vars += k + "=" + v + " ";
+    EXPECT_EQ(s.value().spansHosts, c.spans) << vars;
+  }
+}
