@@ -136,6 +136,11 @@ class Root {
       answerAll(Code::kInvalidUsage, refused_);
       return;
     }
+    if (std::string unreachable = loopbackAcrossHosts(); !unreachable.empty()) {
+      TUTTI_WARN("bootstrap root %s: %s", where.c_str(), unreachable.c_str());
+      answerAll(Code::kInvalidUsage, unreachable);
+      return;
+    }
     for (int r = 0; r < nranks_; ++r) {
       auto& next = slots_[static_cast<size_t>((r + 1) % nranks_)];
       reply(slots_[static_cast<size_t>(r)]->socket, Code::kOk, "", next->addr);
@@ -145,6 +150,32 @@ class Root {
   }
 
  private:
+  // A rank that listens on a loopback address while another checked in from another host
+  // cannot be reached by that one: the ring would fail at its deadline, naming a loopback
+  // address. Said at once instead, for the whole job ("" where all is well).
+  std::string loopbackAcrossHosts() {
+    int onLoopback = -1, elsewhere = -1;
+    net::SockAddr from;
+    for (int r = 0; r < nranks_; ++r) {
+      const Slot& s = *slots_[static_cast<size_t>(r)];
+      if (onLoopback < 0 && wire::toSockAddr(s.addr).isLoopback()) onLoopback = r;
+      if (elsewhere < 0) {
+        const net::SockAddr peer = s.socket.peerAddr();
+        if (!peer.empty() && !net::isLocalAddress(peer)) {
+          elsewhere = r;
+          from = peer;
+        }
+      }
+    }
+    if (onLoopback < 0 || elsewhere < 0) return "";
+    return "rank " + std::to_string(onLoopback) + " listens on a loopback address (" +
+           wire::toSockAddr(slots_[static_cast<size_t>(onLoopback)]->addr).toString() +
+           "), out of reach of rank " + std::to_string(elsewhere) + ", which checked in from " +
+           "another host (" + from.toString() +
+           "): set NCCL_SOCKET_IFNAME to an interface the other hosts reach (tutti leaves "
+           "loopback by itself where the launcher says the ranks are on several hosts)";
+  }
+
   struct Slot {
     net::Socket socket;
     wire::Addr addr;
@@ -212,9 +243,13 @@ class Root {
     std::string msg = "rank(s) " + rankList(missingRanks()) + " of " + std::to_string(nranks_) +
                       " did not check in with the bootstrap root at " + where + " within " +
                       std::to_string(static_cast<int>(timeoutS_)) + " s (TUTTI_BOOTSTRAP_TIMEOUT)";
-    // A root on loopback is out of reach of other hosts' ranks; the launcher did not say the
-    // job spans hosts (else it would listen on every address), but it may.
-    if (listener_.localAddr().ok() && listener_.localAddr().value().isLoopback()) {
+    // A root on a loopback address that is not the usual one (127.0.0.1, ::1) is most likely a
+    // host's name that /etc/hosts maps to 127.0.1.1, out of reach of other hosts' ranks; the
+    // launcher did not say the job spans hosts (else it would listen on every address).
+    const Result<net::SockAddr> bound = listener_.localAddr();
+    if (bound.ok() && bound.value().isLoopback() &&
+        bound.value().toString() != "127.0.0.1:" + std::to_string(bound.value().port()) &&
+        bound.value().toString() != "[::1]:" + std::to_string(bound.value().port())) {
       msg += ". It listens on a loopback address, which ranks on other hosts cannot reach: if "
              "the job spans hosts, name rank 0's host by an address they reach (a name that "
              "/etc/hosts maps to 127.0.1.1 is a loopback one there)";

@@ -61,15 +61,26 @@ Result<LaunchSpec> resolveLaunchEnv(const EnvLookup& env) {
     s.nranks = *size;
     s.localRank = asInt(env(src.local)).value_or(-1);
     s.source = src.name;
+    // Whether the ranks span hosts: from this launcher's local size, else from what another
+    // one that started the process says (a script under srun that sets RANK and WORLD_SIZE
+    // itself, say), all alike on every rank.
+    std::optional<bool> spans;
     if (src.localSize) {
-      auto local = asInt(env(src.localSize));
-      s.spansHosts = local && *local > 0 && *local < s.nranks;
-    } else {  // Slurm: the step's nodes (the job's, outside a step)
+      if (auto local = asInt(env(src.localSize)); local && *local > 0) spans = *local < s.nranks;
+    }
+    for (const Source& other : sources) {
+      if (spans || !other.localSize) continue;
+      const int local = asInt(env(other.localSize)).value_or(0);
+      const int size = asInt(env(other.size)).value_or(0);
+      if (local > 0 && size > 0) spans = local < size;
+    }
+    if (!spans) {  // Slurm: the step's nodes (the job's, outside a step)
       auto nodes = asInt(env("SLURM_STEP_NUM_NODES"));
       if (!nodes) nodes = asInt(env("SLURM_JOB_NUM_NODES"));
       if (!nodes) nodes = asInt(env("SLURM_NNODES"));
-      s.spansHosts = nodes && *nodes > 1;
+      if (nodes) spans = *nodes > 1;
     }
+    s.spansHosts = spans.value_or(false);
     break;
   }
   if (s.source.empty()) {

@@ -186,6 +186,36 @@ std::vector<Interface> findInterfaces(const std::string& spec, int family) {
   return found;
 }
 
+bool isLocalAddress(const SockAddr& addrIn) {
+  if (addrIn.isLoopback()) return true;
+  SockAddr addr = addrIn;
+  const auto* a6 = reinterpret_cast<const sockaddr_in6*>(&addrIn.storage);
+  if (addrIn.family() == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) {
+    // An IPv4 peer of a socket listening on every IPv6 address: compare as IPv4.
+    addr = SockAddr{};
+    auto* a4 = reinterpret_cast<sockaddr_in*>(&addr.storage);
+    a4->sin_family = AF_INET;
+    memcpy(&a4->sin_addr, &a6->sin6_addr.s6_addr[12], 4);
+    addr.len = sizeof(sockaddr_in);
+  }
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return true;  // cannot tell: take it for local
+  bool local = false;
+  for (ifaddrs* it = list; it && !local; it = it->ifa_next) {
+    if (!it->ifa_addr || it->ifa_addr->sa_family != addr.family()) continue;
+    if (addr.family() == AF_INET) {
+      local = reinterpret_cast<const sockaddr_in*>(it->ifa_addr)->sin_addr.s_addr ==
+              reinterpret_cast<const sockaddr_in*>(&addr.storage)->sin_addr.s_addr;
+    } else {
+      local = memcmp(&reinterpret_cast<const sockaddr_in6*>(it->ifa_addr)->sin6_addr,
+                     &reinterpret_cast<const sockaddr_in6*>(&addr.storage)->sin6_addr,
+                     sizeof(in6_addr)) == 0;
+    }
+  }
+  freeifaddrs(list);
+  return local;
+}
+
 SockAddr wildcardAddress(int family, uint16_t port) {
   SockAddr any;
   any.storage.ss_family = static_cast<sa_family_t>(family);
@@ -211,12 +241,29 @@ Result<SockAddr> localAddressToward(const SockAddr& toward, bool peersElsewhere)
     return a;
   }
   std::string spec = env::getString("NCCL_SOCKET_IFNAME").value_or("");
-  auto ifaces = findInterfaces(spec, toward.family());
+  // Toward a loopback root whose job spans hosts, the family of the root's address says
+  // nothing of how the other hosts reach us: any, IPv4 first (NCCL_SOCKET_FAMILY narrows it).
+  int family = toward.family();
+  if (toward.isLoopback()) {
+    family = AF_UNSPEC;
+    if (auto f = env::getString("NCCL_SOCKET_FAMILY")) {
+      if (*f == "AF_INET") family = AF_INET;
+      if (*f == "AF_INET6") family = AF_INET6;
+    }
+  }
+  auto ifaces = findInterfaces(spec, family);
   if (ifaces.empty()) {
-    return systemError("no usable network interface of the root's address family" +
+    return systemError(std::string("no usable network interface") +
+                       (family == AF_UNSPEC ? "" : " of the root's address family") +
                        (spec.empty() ? std::string() : " matching NCCL_SOCKET_IFNAME=" + spec));
   }
   SockAddr a = ifaces[0].addr;
+  if (peersElsewhere && a.isLoopback()) {
+    TUTTI_WARN("the ranks are on several hosts, but the only interface %s is loopback (%s): "
+               "ranks on other hosts will not reach this one; set NCCL_SOCKET_IFNAME",
+               spec.empty() ? "up" : ("NCCL_SOCKET_IFNAME=" + spec + " names").c_str(),
+               ifaces[0].name.c_str());
+  }
   a.setPort(0);
   return a;
 }
@@ -253,8 +300,12 @@ Result<Socket> Socket::listen(const SockAddr& addrIn) {
   SockAddr addr = addrIn;
   Socket s(newSocket(addr.family()));
   if (!s.valid()) return errnoStatus("socket()", errno);
-  int one = 1;
+  int one = 1, zero = 0;
   setsockopt(s.fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  // Every address means IPv4 ones too, whatever net.ipv6.bindv6only says.
+  if (addr.family() == AF_INET6 && addr.isWildcard()) {
+    setsockopt(s.fd_, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+  }
   if (::bind(s.fd_, addr.sa(), addr.len) != 0) {
     int err = errno;
     if (err != EADDRNOTAVAIL) return errnoStatus("bind " + addr.toString(), err);
@@ -264,6 +315,7 @@ Result<Socket> Socket::listen(const SockAddr& addrIn) {
     TUTTI_WARN("%s is not an address of this host; listening on all interfaces, port %u instead",
                addr.toString().c_str(), addr.port());
     const SockAddr any = wildcardAddress(addr.family(), addr.port());
+    if (any.family() == AF_INET6) setsockopt(s.fd_, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
     if (::bind(s.fd_, any.sa(), any.len) != 0) return errnoStatus("bind " + any.toString(), errno);
   }
   if (::listen(s.fd_, 1024) != 0) return errnoStatus("listen", errno);

@@ -50,6 +50,8 @@ bool interfaceMatches(const std::string& spec, const std::string& ifname);
 // Up interfaces with an address of `family` (AF_UNSPEC: both) that match `spec` (empty: the
 // default, which skips lo and docker*, and falls back to lo when nothing else is up).
 std::vector<Interface> findInterfaces(const std::string& spec, int family);
+// Whether addr (its port aside) is one of this host's: a loopback one, or an interface's.
+bool isLocalAddress(const SockAddr& addr);
 // The local address to listen on so that a peer at `toward` can reach us: loopback when
 // `toward` is loopback (unless peersElsewhere: other hosts must reach us too), else the
 // NCCL_SOCKET_IFNAME / default interface of the same family.

@@ -180,6 +180,23 @@ TEST(Bootstrap, ALoopbackRendezvousOfAJobOnSeveralHostsIsReachableFromThem) {
     if (probe.ok()) probe.value().close();  // the root drops a connection that says nothing
     root.value()->stopAndWait();
   }
+  // Where the launcher does not say so, a root at such a name that times out says other hosts
+  // cannot reach it.
+  {
+    tutti::test::ScopedEnv deadline("TUTTI_BOOTSTRAP_TIMEOUT", "1");  // the root's
+    auto id = idForAddress("127.0.1.1:" + std::to_string(freePort()), "test", false);
+    ASSERT_TRUE(id.ok());
+    auto root = startRootForId(id.value());
+    ASSERT_TRUE(root.ok()) << root.status().message();
+    auto alone = Bootstrap::create(id.value(), 0, 2, nullptr, 1);  // rank 1 never comes
+    ASSERT_FALSE(alone.ok());
+    const std::string m = alone.status().message();
+    EXPECT_NE(m.find("rank(s) 1 of 2 did not check in"), std::string::npos) << m;
+    EXPECT_NE(m.find("listens on a loopback address, which ranks on other hosts cannot reach"),
+              std::string::npos)
+        << m;
+    root.value()->stopAndWait();
+  }
   // The ranks of such a job listen on the interface NCCL_SOCKET_IFNAME (or the default) names,
   // where other hosts reach them (the tests name lo; here the first other one, where this host
   // has one), and their ring forms.

@@ -11,7 +11,9 @@
 #                             pair, an agent on each (--nnodes 2 --node_rank 0|1); tutti-perf,
 #                             4 ranks, shm inside a host and tcp between, meets at the first
 #                             host's name, a loopback address there (127.0.1.1, as Debian
-#                             writes a host's own name); tutti-train, 2 ranks, at its address
+#                             writes a host's own name); the first host's ranks kept on lo
+#                             (NCCL_SOCKET_IFNAME=lo there): every rank refused at once, told
+#                             why; tutti-train, 2 ranks, at the first host's address
 # Runs in a PID namespace of its own where it can (root), so every agent and rank it starts ends
 # with it, even when killed. Exits 77 (ctest: skipped) without torchrun, or, for two hosts,
 # without root, unshare, nsenter or network namespaces.
@@ -137,6 +139,27 @@ else
   cat "$DIR/host2.out"
   # (rank 0 alone prints the table, its count of wrong values summed over every rank)
   ((rc == 0)) || fail "the second host's agent exited with $rc"
+
+  # The first host's ranks kept on lo (NCCL_SOCKET_IFNAME=lo there), the rendezvous at its
+  # address: the second host's ranks could not reach them, and every rank hears so at once,
+  # not at the ring's deadline.
+  echo "== the first host's ranks on lo: refused at once"
+  NODE=(--nnodes 2 --nproc_per_node 2 --master_addr 10.231.79.1 --master_port "$port")
+  timeout 90 "${ON_B[@]}" "${TR[@]}" "${NODE[@]}" --node_rank 1 "$BUILD/tutti-perf" \
+    "${PERF_ARGS[@]}" >"$DIR/host2.out" 2>&1 &
+  second=$!
+  SECONDS=0
+  out="$(NCCL_SOCKET_IFNAME=lo timeout 90 "${ON_A[@]}" "${TR[@]}" "${NODE[@]}" --node_rank 0 \
+    "$BUILD/tutti-perf" "${PERF_ARGS[@]}" 2>&1)"
+  rc=$?
+  wait "$second"
+  took=$SECONDS
+  grep -a "tutti-perf:" <<<"$out"
+  ((rc != 0)) || fail "ranks the others cannot reach were not refused"
+  why="rank 0 listens on a loopback address (127.0.0.1:[0-9]*), out of reach of rank 2, which"
+  grep -q "$why" <<<"$out" || fail "the first host's ranks were not told why"
+  grep -q "$why" "$DIR/host2.out" || { cat "$DIR/host2.out"; fail "the second host's were not"; }
+  ((took < 60)) || fail "refused after $took s, not at once"
   if [ -x "$BUILD/tutti-train" ]; then
     NODE=(--nnodes 2 --nproc_per_node 1 --master_addr 10.231.79.1 --master_port "$port")
     timeout 90 "${ON_B[@]}" "${TR[@]}" "${NODE[@]}" --node_rank 1 "$BUILD/tutti-train" \

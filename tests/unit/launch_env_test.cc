@@ -156,6 +156,13 @@ TEST(LaunchEnv, RanksOnSeveralHostsAreTold) {
       {with(slurm, "SLURM_STEP_NUM_NODES", "2"), true},
       {with(slurm, "SLURM_STEP_NUM_NODES", "1"), false},
       {with(slurm, "SLURM_NNODES", "2"), true},
+      {with(slurm, "SLURM_JOB_NUM_NODES", "2"), true},
+      // the step's count before the job's: a one-node step of a two-node job
+      {with(with(slurm, "SLURM_STEP_NUM_NODES", "1"), "SLURM_JOB_NUM_NODES", "2"), false},
+      // a script under srun that sets torchrun's variables itself: srun's node count tells
+      {with(torch, "SLURM_STEP_NUM_NODES", "2"), true},
+      {with(with(torch, "SLURM_STEP_NUM_NODES", "2"), "LOCAL_WORLD_SIZE", "4"), false},
+      {with(with(torch, "OMPI_COMM_WORLD_LOCAL_SIZE", "2"), "OMPI_COMM_WORLD_SIZE", "4"), true},
   };
   for (const Case& c : cases) {
     auto s = resolve(c.vars);
