@@ -153,25 +153,23 @@ class Root {
   // A rank that listens on a loopback address while another checked in from another host
   // cannot be reached by that one: the ring would fail at its deadline, naming a loopback
   // address. Said at once instead, for the whole job ("" where all is well).
+  // A rank is on another host where the address it listens on is not one of this host's (not
+  // the address it connected from, which NAT may have changed on the way).
   std::string loopbackAcrossHosts() {
+    auto listens = [&](int r) { return wire::toSockAddr(slots_[static_cast<size_t>(r)]->addr); };
     int onLoopback = -1, elsewhere = -1;
-    net::SockAddr from;
-    for (int r = 0; r < nranks_; ++r) {
-      const Slot& s = *slots_[static_cast<size_t>(r)];
-      if (onLoopback < 0 && wire::toSockAddr(s.addr).isLoopback()) onLoopback = r;
-      if (elsewhere < 0) {
-        const net::SockAddr peer = s.socket.peerAddr();
-        if (!peer.empty() && !net::isLocalAddress(peer)) {
-          elsewhere = r;
-          from = peer;
-        }
-      }
+    for (int r = 0; r < nranks_ && onLoopback < 0; ++r) {
+      if (listens(r).isLoopback()) onLoopback = r;
     }
-    if (onLoopback < 0 || elsewhere < 0) return "";
+    if (onLoopback < 0) return "";
+    for (int r = 0; r < nranks_ && elsewhere < 0; ++r) {
+      if (!listens(r).isWildcard() && !net::isLocalAddress(listens(r))) elsewhere = r;
+    }
+    if (elsewhere < 0) return "";
     return "rank " + std::to_string(onLoopback) + " listens on a loopback address (" +
-           wire::toSockAddr(slots_[static_cast<size_t>(onLoopback)]->addr).toString() +
-           "), out of reach of rank " + std::to_string(elsewhere) + ", which checked in from " +
-           "another host (" + from.toString() +
+           listens(onLoopback).toString() + "), out of reach of rank " +
+           std::to_string(elsewhere) + ", which listens on another host (" +
+           listens(elsewhere).toString() +
            "): set NCCL_SOCKET_IFNAME to an interface the other hosts reach (tutti leaves "
            "loopback by itself where the launcher says the ranks are on several hosts)";
   }
@@ -247,9 +245,7 @@ class Root {
     // host's name that /etc/hosts maps to 127.0.1.1, out of reach of other hosts' ranks; the
     // launcher did not say the job spans hosts (else it would listen on every address).
     const Result<net::SockAddr> bound = listener_.localAddr();
-    if (bound.ok() && bound.value().isLoopback() &&
-        bound.value().toString() != "127.0.0.1:" + std::to_string(bound.value().port()) &&
-        bound.value().toString() != "[::1]:" + std::to_string(bound.value().port())) {
+    if (bound.ok() && bound.value().isLoopback() && !bound.value().isUsualLoopback()) {
       msg += ". It listens on a loopback address, which ranks on other hosts cannot reach: if "
              "the job spans hosts, name rank 0's host by an address they reach (a name that "
              "/etc/hosts maps to 127.0.1.1 is a loopback one there)";

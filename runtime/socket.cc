@@ -59,6 +59,14 @@ bool SockAddr::isLoopback() const {
   return false;
 }
 
+bool SockAddr::isUsualLoopback() const {
+  if (family() == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr.s_addr == htonl(INADDR_LOOPBACK);
+  }
+  return family() == AF_INET6 &&
+         IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr);
+}
+
 bool SockAddr::isWildcard() const {
   if (family() == AF_INET)
     return reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr.s_addr == htonl(INADDR_ANY);
@@ -258,11 +266,19 @@ Result<SockAddr> localAddressToward(const SockAddr& toward, bool peersElsewhere)
                        (spec.empty() ? std::string() : " matching NCCL_SOCKET_IFNAME=" + spec));
   }
   SockAddr a = ifaces[0].addr;
-  if (peersElsewhere && a.isLoopback()) {
-    TUTTI_WARN("the ranks are on several hosts, but the only interface %s is loopback (%s): "
-               "ranks on other hosts will not reach this one; set NCCL_SOCKET_IFNAME",
-               spec.empty() ? "up" : ("NCCL_SOCKET_IFNAME=" + spec + " names").c_str(),
-               ifaces[0].name.c_str());
+  if (peersElsewhere) {
+    // Other hosts reach us on the first interface that is not loopback (an exclusion such as
+    // ^docker0 matches lo too).
+    auto reachable = std::find_if(ifaces.begin(), ifaces.end(),
+                                  [](const Interface& i) { return !i.addr.isLoopback(); });
+    if (reachable != ifaces.end()) {
+      a = reachable->addr;
+    } else {
+      TUTTI_WARN("the ranks are on several hosts, but every interface %s is loopback (%s): "
+                 "ranks on other hosts will not reach this one; set NCCL_SOCKET_IFNAME",
+                 spec.empty() ? "up" : ("NCCL_SOCKET_IFNAME=" + spec + " names").c_str(),
+                 ifaces[0].name.c_str());
+    }
   }
   a.setPort(0);
   return a;

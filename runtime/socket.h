@@ -29,6 +29,7 @@ struct SockAddr {
   uint16_t port() const;
   void setPort(uint16_t port);
   bool isLoopback() const;
+  bool isUsualLoopback() const;  // 127.0.0.1 or ::1 (isLoopback: all of 127/8 too)
   bool isWildcard() const;
   bool empty() const { return len == 0; }
   std::string toString() const;  // 10.0.0.1:29500, [fe80::1]:29500

@@ -163,6 +163,10 @@ TEST(LaunchEnv, RanksOnSeveralHostsAreTold) {
       {with(torch, "SLURM_STEP_NUM_NODES", "2"), true},
       {with(with(torch, "SLURM_STEP_NUM_NODES", "2"), "LOCAL_WORLD_SIZE", "4"), false},
       {with(with(torch, "OMPI_COMM_WORLD_LOCAL_SIZE", "2"), "OMPI_COMM_WORLD_SIZE", "4"), true},
+      // a local size that says one host wins over a multi-node allocation around it
+      {with(with(with(torch, "OMPI_COMM_WORLD_LOCAL_SIZE", "4"), "OMPI_COMM_WORLD_SIZE", "4"),
+            "SLURM_JOB_NUM_NODES", "2"),
+       false},
   };
   for (const Case& c : cases) {
     auto s = resolve(c.vars);

@@ -80,3 +80,28 @@ TEST(Socket, SendRecvWithDeadlines) {
   Status closed = server.recvAll(&byte, 1, deadlineAfter(5), nullptr);
   EXPECT_EQ(closed.code(), tutti::Code::kRemoteError);
 }
+
+// What the bootstrap root takes for this host's addresses (a rank listening elsewhere is on
+// another host): loopback ones, every interface's, also written IPv4-mapped (a root on every
+// IPv6 address sees IPv4 peers so), and no other.
+TEST(Socket, LocalAddressesAreTold) {
+  auto addr = [](const std::string& s) { return parseHostPort(s).value(); };
+  EXPECT_TRUE(isLocalAddress(addr("127.0.0.1:1")));
+  EXPECT_TRUE(isLocalAddress(addr("127.0.1.1:1")));
+  EXPECT_TRUE(isLocalAddress(addr("[::1]:1")));
+  EXPECT_TRUE(isLocalAddress(addr("[::ffff:127.0.0.1]:1")));
+  EXPECT_FALSE(isLocalAddress(addr("203.0.113.7:1")));  // TEST-NET-3: no host's
+  EXPECT_FALSE(isLocalAddress(addr("[::ffff:203.0.113.7]:1")));
+  EXPECT_FALSE(isLocalAddress(addr("[2001:db8::7]:1")));
+  for (const Interface& i : findInterfaces("", AF_UNSPEC)) {
+    EXPECT_TRUE(isLocalAddress(i.addr)) << i.name << " " << i.addr.toString();
+    if (i.addr.family() != AF_INET) continue;
+    const std::string v4 = i.addr.toString();
+    const std::string mapped = "[::ffff:" + v4.substr(0, v4.rfind(':')) + "]:1";
+    EXPECT_TRUE(isLocalAddress(addr(mapped))) << mapped;
+  }
+  EXPECT_TRUE(addr("127.0.0.1:1").isUsualLoopback());
+  EXPECT_TRUE(addr("[::1]:1").isUsualLoopback());
+  EXPECT_FALSE(addr("127.0.1.1:1").isUsualLoopback());
+  EXPECT_TRUE(addr("127.0.1.1:1").isLoopback());
+}
