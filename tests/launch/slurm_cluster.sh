@@ -3,7 +3,8 @@
 # and socket, slurmctld, a slurmd per node) in a scratch folder; tutti-perf and tutti-train
 # then run under srun and meet from Slurm's environment alone (tuttiCommInitFromEnv:
 # SLURM_PROCID, SLURM_NTASKS, the step's first node, a port from the job id).
-#   slurm_cluster.sh BUILD_DIR 1   one node, localhost
+#   slurm_cluster.sh BUILD_DIR 1   one node, localhost; also a batch job requeued after a rank
+#                                  failed, which tutti-train --auto-resume carries on
 #   slurm_cluster.sh BUILD_DIR 2   two nodes, each in a network namespace of its own joined by
 #                                  a veth pair, their names (t<pid>n1, t<pid>n2: Slurm lists
 #                                  them as t<pid>n[1-2]) in a private /etc/hosts (the first
@@ -87,7 +88,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$DIR/munge.socket
+AuthInfo=socket=$DIR/munge.socket,cred_expire=10
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool-%n
 SlurmctldPidFile=$DIR/slurmctld.pid
@@ -148,4 +149,42 @@ ON_FIRST=()  # the launch runs where on "$FIRST" would run it (timeout takes no 
 ((NODES == 2)) && ON_FIRST=(nsenter --net="/var/run/netns/$FIRST")
 run_perf "$RANKS" "${ON_FIRST[@]}" srun -N "$NODES" -n "$RANKS"
 run_train "${ON_FIRST[@]}" srun -N "$NODES" -n 2
+
+# A batch job that Slurm requeues after rank 1 failed at step 12 (the job asks for it, as a
+# node failure would): its second run resumes from step 10 (tutti-train --auto-resume), and its
+# last checkpoint holds the bytes of an uninterrupted run's. (cred_expire=10 above: a requeued
+# job waits that long before it may start again; 120 s by default.)
+if ((NODES == 1)) && [ -x "$BUILD/tutti-train" ]; then
+  args=(--epochs 2 --batch 64 --train-limit 2000 --test-limit 500 --save-every 5)
+  echo "== srun tutti-train ${args[*]} (uninterrupted)"
+  timeout 90 srun -n 2 "$BUILD/tutti-train" "${args[@]}" --checkpoint "$DIR/straight.ck" ||
+    fail "the uninterrupted run failed"
+  cat >"$DIR/job.sh" <<JOB
+#!/bin/bash
+export TUTTI_TRAINER_FAIL_AT=1:12
+echo "run \${SLURM_RESTART_COUNT:-0} of job \$SLURM_JOB_ID"
+srun -n 2 $BUILD/tutti-train ${args[*]} --checkpoint $DIR/requeued.ck --auto-resume
+rc=\$?
+if [ \$rc -ne 0 ] && [ "\${SLURM_RESTART_COUNT:-0}" = 0 ]; then
+  scontrol requeue \$SLURM_JOB_ID && sleep 60  # ended by the requeue
+fi
+exit \$rc
+JOB
+  job="$(sbatch --parsable --requeue --open-mode=append -n 2 -o "$DIR/job.out" "$DIR/job.sh")" ||
+    fail "sbatch"
+  echo "== sbatch --requeue: job $job (TUTTI_TRAINER_FAIL_AT=1:12, --auto-resume)"
+  for _ in $(seq 240); do
+    [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] && break
+    sleep 0.5
+  done
+  cat "$DIR/job.out"
+  [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] || fail "job $job did not end within 120 s"
+  for want in "run 0 of job $job" "no checkpoint at $DIR/requeued.ck yet: starting afresh" \
+    "rank 1: failed at step 12 as TUTTI_TRAINER_FAIL_AT asked" "run 1 of job $job" \
+    "resumed from $DIR/requeued.ck at step 10" "epoch 2/2"; do
+    grep -qF "$want" "$DIR/job.out" || fail "no line '$want' from the job"
+  done
+  cmp "$DIR/straight.ck" "$DIR/requeued.ck" ||
+    fail "the requeued job's last checkpoint differs from the uninterrupted run's"
+fi
 echo "slurm cluster of $NODES node(s): PASSED"
