@@ -53,6 +53,31 @@ two_hosts() {
     ip -n "$a" link set lo up && ip -n "$b" link set lo up || return 2
 }
 
+# free_pair VAR: VAR = a port P of 127.0.0.1 where P and P + 1 are free (torchrun's store may
+# take P, tutti's root P + 1; a Slurm cluster's two daemons). Outside the kernel's ephemeral
+# range, as tutti-run's: a port bind(0) handed out may go to any connection this machine opens
+# before the launch binds it (ctest -j2). Pick it just before the launch.
+free_pair() {
+  local p
+  p="$(python3 -c '
+import random, socket, sys
+with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+    low, high = map(int, f.read().split())
+# Outside the ephemeral range where 1000 ports are there: below it, else above it, else any.
+span = (20000, low - 1) if low - 20000 >= 1000 else (high + 1, 65534) if 65534 - high >= 1000 else (1024, 65534)
+for _ in range(200):
+    p = random.randrange(*span)
+    a, b = socket.socket(), socket.socket()
+    try:
+        a.bind(("127.0.0.1", p)); b.bind(("127.0.0.1", p + 1)); print(p); sys.exit(0)
+    except OSError:
+        pass
+    finally:
+        a.close(); b.close()
+sys.exit("no free pair of ports")')" || fail "no free pair of ports"
+  printf -v "$1" %s "$p"
+}
+
 # What each launch runs after the launcher's own words (a launcher started on other hosts by
 # the caller itself passes these too).
 PERF_ARGS=(all_reduce -b 8 -e 1M -f 32 -n 3 -w 1)

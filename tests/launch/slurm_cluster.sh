@@ -62,11 +62,8 @@ if ((NODES == 2)); then
 NodeName=$N2 NodeAddr=10.231.78.2 CPUs=$(nproc) State=UNKNOWN"
   HOSTS=("$NSA:$N1" "$NSB:$N2")
 else
-  read -r CTLD_PORT SLURMD_PORT < <(python3 -c '
-import socket
-s = [socket.socket() for _ in range(2)]
-for x in s: x.bind(("127.0.0.1", 0))
-print(*[x.getsockname()[1] for x in s])')
+  free_pair CTLD_PORT
+  SLURMD_PORT=$((CTLD_PORT + 1))
   CTLD_ADDR=127.0.0.1
   NODE_LINES="NodeName=localhost NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN"
   HOSTS=("-:localhost")

@@ -32,29 +32,6 @@ own_namespaces "$0" "$@" || ((HOSTS == 1)) || skip "cannot make PID and mount na
 scratch torchrun
 fail() { echo "FAILED: $*"; exit 1; }
 
-# free_pair VAR: VAR = a port P where P and P + 1 are free (torchrun's store may take P, tutti's
-# root P + 1). Below the kernel's ephemeral range, as tutti-run's: a port bind(0) handed out
-# may go to any connection this machine opens before the launch binds it (ctest -j2).
-free_pair() {
-  local p
-  p="$(python3 -c '
-import random, socket, sys
-with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-    low, high = map(int, f.read().split())
-# Outside the ephemeral range where 1000 ports are there: below it, else above it, else any.
-span = (20000, low - 1) if low - 20000 >= 1000 else (high + 1, 65534) if 65534 - high >= 1000 else (1024, 65534)
-for _ in range(200):
-    p = random.randrange(*span)
-    a, b = socket.socket(), socket.socket()
-    try:
-        a.bind(("127.0.0.1", p)); b.bind(("127.0.0.1", p + 1)); print(p); sys.exit(0)
-    except OSError:
-        pass
-    finally:
-        a.close(); b.close()
-sys.exit("no free pair of ports")')" || fail "no free pair of ports"
-  printf -v "$1" %s "$p"
-}
 
 # Debian 12's torch 1.13 under Python 3.11 cannot parse its own default "--redirects 0 --tee 0"
 # (an IntFlag change), so every launch names them: rank output goes to files under --log_dir
