@@ -2,14 +2,21 @@
 # Sourced by the launcher tests: runs tutti-perf and tutti-train under a launcher and checks
 # what every launch must give. The caller defines fail() (print, clean up, exit 1).
 
-# own_namespaces SCRIPT ARGS...: runs SCRIPT ARGS again in PID and mount namespaces of its own
-# and does not return (the mount namespace lets a script bind-mount files for itself alone). So
-# every process the script starts ends with it, even when killed: --kill-child ends the
-# namespace's first process with the script, and with it every process inside. Returns at once
-# when already inside; returns 1 where such namespaces cannot be made here.
+# own_namespaces SCRIPT ARGS...: runs SCRIPT ARGS again in PID, mount and (where it can) network
+# namespaces of its own and does not return. So every process the script starts ends with it,
+# even when killed (--kill-child ends the namespace's first process with the script, and with it
+# every process inside); it may bind-mount files for itself alone; and its ports are its own
+# (lo comes up there), so another test's cannot take one it picked (ctest -j2). Returns at once
+# when already inside; returns 1 where PID and mount namespaces cannot be made here.
 own_namespaces() {
-  [ -n "${TUTTI_LAUNCH_INSIDE:-}" ] && return 0
+  if [ -n "${TUTTI_LAUNCH_INSIDE:-}" ]; then
+    [ "$TUTTI_LAUNCH_INSIDE" = net ] && ip link set lo up
+    return 0
+  fi
   local ns=(unshare --pid --fork --kill-child --mount --mount-proc --propagation private)
+  if "${ns[@]}" --net true 2>/dev/null && command -v ip >/dev/null; then
+    exec "${ns[@]}" --net env TUTTI_LAUNCH_INSIDE=net "$@"
+  fi
   "${ns[@]}" true 2>/dev/null || return 1
   exec "${ns[@]}" env TUTTI_LAUNCH_INSIDE=1 "$@"
 }
