@@ -22,19 +22,25 @@ constexpr uint32_t kDeviceLinkTag = 0x4d000000u;
 // 766 us with 2 MiB steps, 214 / 440 / 863 us with 512 KiB ones (Open MPI: 189 / 372 / 775).
 // Bigger steps made the all-reduce slower (2 MiB: about 700 us with 1 MiB steps against 570
 // with 512 KiB ones), hence the cap. Untouched slot space costs address space, not memory.
-size_t slotBytesFromEnv(int64_t fallback) {
-  int64_t buff = env::getInt("NCCL_BUFFSIZE", fallback);
+size_t slotBytesOf(int64_t buff) {
   buff = std::clamp<int64_t>(buff, transport::kSlots * 64, int64_t(1) << 32);
   return static_cast<size_t>(buff / transport::kSlots) / 64 * 64;
 }
 
+size_t slotBytesFromEnv(int64_t fallback) {
+  return slotBytesOf(env::getInt("NCCL_BUFFSIZE", fallback));
+}
+
 }  // namespace
 
-// Device FIFOs use NCCL's 4 MiB: kernels copy whole slots with many threads at once.
+// Device FIFOs use NCCL's 4 MiB (the value every GPU rank read at init and compared,
+// PeerInfo::device.buffSize): kernels copy whole slots with many threads at once.
 Links::Links(Comm& comm, Kind kind)
     : comm_(comm),
       kind_(kind),
-      slotBytes_(slotBytesFromEnv(kind == Kind::kDevice ? 4 << 20 : 1 << 20)),
+      slotBytes_(kind == Kind::kDevice
+                     ? slotBytesOf(comm.peers()[size_t(comm.rank())].device.buffSize)
+                     : slotBytesFromEnv(1 << 20)),
       netSlotBytes_(slotBytesFromEnv(16 << 20)),
       netStepBytes_(env::getString("NCCL_BUFFSIZE") ? netSlotBytes_
                                                     : std::min<size_t>(netSlotBytes_, 512 << 10)),

@@ -125,8 +125,8 @@ DeviceSettings deviceSettingsFromEnv() {
   d.llMaxBytes = std::max<int64_t>(0, env::getInt("TUTTI_LL_MAX_BYTES", 64 << 10));
   d.gatherMaxBytes = std::max<int64_t>(0, env::getInt("TUTTI_LL_GATHER_MAX_BYTES", 4 << 10));
   d.channelBytes = std::max<int64_t>(1, env::getInt("TUTTI_DEV_CHANNEL_BYTES", 512 << 10));
-  // As written, with the links' defaults (runtime/links.cc, transports/p2p): p2p checks them
-  // again per link, but only the sender there would know.
+  // The device links take these (runtime/links.cc, transports/p2p): compared here, since p2p
+  // checks them per link, where only the sender would know.
   d.buffSize = env::getInt("NCCL_BUFFSIZE", 4 << 20);
   d.llSlotBytes = env::getInt("TUTTI_LL_SLOT_BYTES", 16 << 10);
   d.p2pDisabled = env::getBool("NCCL_P2P_DISABLE", false) ? 1 : 0;

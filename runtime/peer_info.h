@@ -22,7 +22,7 @@ struct DeviceSettings {
   int64_t gatherMaxBytes;  // TUTTI_LL_GATHER_MAX_BYTES
   int64_t channelBytes;    // TUTTI_DEV_CHANNEL_BYTES
   int64_t buffSize;        // NCCL_BUFFSIZE (the device FIFOs' slots; 4 MiB unset)
-  int64_t llSlotBytes;     // TUTTI_LL_SLOT_BYTES (the device FIFOs' LL lines)
+  int64_t llSlotBytes;     // TUTTI_LL_SLOT_BYTES (the device FIFOs' LL lines; 16 KiB unset)
   // NCCL_P2P_DISABLE: not compared (each pair of ranks takes mapped host memory where either
   // end set it), but carried, so that the receiver, which decides, knows the sender's too.
   int64_t p2pDisabled;

@@ -31,7 +31,6 @@
 #include <vector>
 
 #include "runtime/comm.h"
-#include "runtime/env.h"
 #include "runtime/log.h"
 #include "transports/transport.h"
 
@@ -236,9 +235,8 @@ class P2pTransport : public Transport {
  public:
   explicit P2pTransport(Comm& comm) : comm_(comm) {
     p2pDisabled_ = me().device.p2pDisabled != 0;  // NCCL_P2P_DISABLE, as read at init
-    llSlotBytes_ =
-        size_t(std::clamp<int64_t>(env::getInt("TUTTI_LL_SLOT_BYTES", 16 << 10), 256, 1 << 20)) /
-        16 * 16;
+    // TUTTI_LL_SLOT_BYTES, as read at init and compared between GPU ranks
+    llSlotBytes_ = size_t(std::clamp<int64_t>(me().device.llSlotBytes, 256, 1 << 20)) / 16 * 16;
   }
   const char* name() const override { return "p2p"; }
 
