@@ -64,15 +64,15 @@ Result<LaunchSpec> resolveLaunchEnv(const EnvLookup& env) {
     // Whether the ranks span hosts: from this launcher's local size, else from what another
     // one that started the process says (a script under srun that sets RANK and WORLD_SIZE
     // itself, say), all alike on every rank.
-    std::optional<bool> spans;
-    if (src.localSize) {
-      if (auto local = asInt(env(src.localSize)); local && *local > 0) spans = *local < s.nranks;
-    }
+    auto fewerLocal = [&](const Source& x) -> std::optional<bool> {
+      const int local = x.localSize ? asInt(env(x.localSize)).value_or(0) : 0;
+      const int size = asInt(env(x.size)).value_or(0);
+      if (local > 0 && size > 0) return local < size;
+      return std::nullopt;
+    };
+    std::optional<bool> spans = fewerLocal(src);
     for (const Source& other : sources) {
-      if (spans || !other.localSize) continue;
-      const int local = asInt(env(other.localSize)).value_or(0);
-      const int size = asInt(env(other.size)).value_or(0);
-      if (local > 0 && size > 0) spans = local < size;
+      if (!spans) spans = fewerLocal(other);
     }
     if (!spans) {  // Slurm: the step's nodes (the job's, outside a step)
       auto nodes = asInt(env("SLURM_STEP_NUM_NODES"));

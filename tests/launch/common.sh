@@ -90,33 +90,36 @@ sys.exit("no free pair of ports")')" || fail "no free pair of ports"
 PERF_ARGS=(all_reduce -b 8 -e 1M -f 32 -n 3 -w 1)
 TRAIN_ARGS=(--epochs 1 --batch 64 --train-limit 4000 --test-limit 500)
 
-# run_perf RANKS LAUNCH...: LAUNCH tutti-perf all_reduce (values checked) as RANKS ranks; its
-# output stays in LAST_OUT.
-run_perf() {
-  local ranks="$1" out rc
-  shift
-  echo "== $* tutti-perf all_reduce"
-  out="$(timeout 90 "$@" "$BUILD/tutti-perf" "${PERF_ARGS[@]}" 2>&1)"
+# launched PROGRAM LABEL ARGS_NAME LAUNCH...: runs LAUNCH $BUILD/PROGRAM "${ARGS_NAME[@]}" (90 s
+# at most), printing "== LAUNCH LABEL" and what it said; fails unless it exited 0. Its output
+# stays in LAST_OUT (for the callers' own checks).
+launched() {
+  local program="$1" label="$2" out rc
+  local -n args="$3"
+  shift 3
+  echo "== $* $label"
+  out="$(timeout 90 "$@" "$BUILD/$program" "${args[@]}" 2>&1)"
   rc=$?
   echo "$out"
-  ((rc == 0)) || fail "tutti-perf exited with $rc"
-  grep -q "# Out of bounds values : 0 OK" <<<"$out" || fail "tutti-perf found wrong values"
-  grep -q "host memory: $ranks rank(s) in all" <<<"$out" || fail "tutti-perf did not run $ranks ranks"
+  ((rc == 0)) || fail "$program exited with $rc"
   LAST_OUT="$out"
+}
+
+# run_perf RANKS LAUNCH...: LAUNCH tutti-perf all_reduce (values checked) as RANKS ranks.
+run_perf() {
+  local ranks="$1"
+  shift
+  launched tutti-perf "tutti-perf all_reduce" PERF_ARGS "$@"
+  grep -q "# Out of bounds values : 0 OK" <<<"$LAST_OUT" || fail "tutti-perf found wrong values"
+  grep -q "host memory: $ranks rank(s) in all" <<<"$LAST_OUT" ||
+    fail "tutti-perf did not run $ranks ranks"
 }
 
 # run_train LAUNCH...: LAUNCH one epoch of tutti-train (where it was built) as 2 ranks; rank 0
 # alone reports.
 run_train() {
   [ -x "$BUILD/tutti-train" ] || return 0
-  local out rc
-  echo "== $* tutti-train"
-  out="$(timeout 90 "$@" "$BUILD/tutti-train" "${TRAIN_ARGS[@]}" 2>&1)"
-  rc=$?
-  echo "$out"
-  ((rc == 0)) || fail "tutti-train exited with $rc"
-  grep -q "tutti-train: 2 CPU ranks" <<<"$out" || fail "tutti-train did not run 2 ranks"
-  [ "$(grep -c "epoch 1/1" <<<"$out")" = 1 ] || fail "not one epoch line (rank 0's alone)"
-  # shellcheck disable=SC2034  # for the caller's own checks
-  LAST_OUT="$out"
+  launched tutti-train tutti-train TRAIN_ARGS "$@"
+  grep -q "tutti-train: 2 CPU ranks" <<<"$LAST_OUT" || fail "tutti-train did not run 2 ranks"
+  [ "$(grep -c "epoch 1/1" <<<"$LAST_OUT")" = 1 ] || fail "not one epoch line (rank 0's alone)"
 }
