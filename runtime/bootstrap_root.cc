@@ -150,11 +150,10 @@ class Root {
   }
 
  private:
-  // A rank that listens on a loopback address while another checked in from another host
-  // cannot be reached by that one: the ring would fail at its deadline, naming a loopback
-  // address. Said at once instead, for the whole job ("" where all is well).
-  // A rank is on another host where the address it listens on is not one of this host's (not
-  // the address it connected from, which NAT may have changed on the way).
+  // A rank that listens on a loopback address cannot be reached by one on another host: the
+  // ring would fail at its deadline, naming a loopback address. Said at once instead, for the
+  // whole job ("" where all is well). A rank is on another host where the address it listens
+  // on is not one of this host's (not the address it connected from, which NAT may change).
   std::string loopbackAcrossHosts() {
     auto listens = [&](int r) { return wire::toSockAddr(slots_[static_cast<size_t>(r)]->addr); };
     int onLoopback = -1, elsewhere = -1;

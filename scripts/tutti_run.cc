@@ -140,7 +140,7 @@ void emit(Stream& s, bool prefix, int rank, bool flush) {
   fflush(s.out);
 }
 
-// One start of all N ranks, until every one has ended.
+// What every start of the job takes: the ranks, the program, the signals.
 struct Job {
   int n = 0;
   bool prefix = true;
@@ -157,6 +157,7 @@ struct Outcome {
   int exitCode = 0;  // the launcher's, were this start the last
 };
 
+// One start of all N ranks, until every one has ended.
 Outcome runOnce(const Job& job, int restart) {
   const int n = job.n;
   const bool prefix = job.prefix;

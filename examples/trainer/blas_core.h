@@ -28,10 +28,10 @@ std::string betterBlasCore(const std::string& chosen, const CpuVectors& cpu);
 std::string blasCoreName();
 
 // Called first thing in main, before any thread or communicator: where OPENBLAS_CORETYPE is
-// unset and betterBlasCore() names a core, runs this program again (execv of /proc/self/exe,
-// the same arguments and environment, so a launcher's rank variables stay) with
-// OPENBLAS_CORETYPE set, and TUTTI_TRAIN_BLAS_CHOSE holding OpenBLAS's first choice (for
-// blasText(), and so that it is done once). Returns where it did not (or execv failed).
+// unset and betterBlasCore() names a core, runs this program again (execv of the path
+// /proc/self/exe names, the same arguments and environment, so a launcher's rank variables
+// stay) with OPENBLAS_CORETYPE set, and TUTTI_TRAIN_BLAS_CHOSE holding OpenBLAS's first choice
+// (for blasText(), and so that it is done once). Returns where it did not (or execv failed).
 void rerunWithBetterBlas(char** argv);
 
 // One line for the run's header: the BLAS core, and why where tutti-train chose it.

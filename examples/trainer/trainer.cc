@@ -1,10 +1,10 @@
 #include "examples/trainer/trainer.h"
 
-#include <algorithm>
-#include <chrono>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>

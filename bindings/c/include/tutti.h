@@ -32,9 +32,9 @@ extern "C" {
  * SLURM_STEP_NUM_NODES above 1) and the rendezvous host is a loopback address on rank 0's
  * host (its own name, which Debian and Ubuntu map to 127.0.1.1), rank 0 listens on every
  * address and the ranks on their interface (NCCL_SOCKET_IFNAME), so the other hosts reach
- * them by the address that name has there. The handshake secret is derived from TUTTI_SECRET when set
- * (tutti-run sets a random one), else from the job's identity, so ranks of another job are
- * refused. Returns ncclInvalidUsage, with ncclGetLastError saying what is missing, when the
+ * them by the address that name has there. The handshake secret is derived from TUTTI_SECRET
+ * when set (tutti-run sets a random one), else from the job's identity, so ranks of another job
+ * are refused. Returns ncclInvalidUsage, with ncclGetLastError saying what is missing, when the
  * environment does not describe a job.
  */
 ncclResult_t tuttiCommInitFromEnv(ncclComm_t* comm);
