@@ -6,11 +6,18 @@
 # namespaces of its own and does not return. So every process the script starts ends with it,
 # even when killed (--kill-child ends the namespace's first process with the script, and with it
 # every process inside); it may bind-mount files for itself alone; and its ports are its own
-# (lo comes up there), so another test's cannot take one it picked (ctest -j2). Returns at once
-# when already inside; returns 1 where PID and mount namespaces cannot be made here.
+# (lo comes up there), so another test's cannot take one it picked (ctest -j2). The network
+# namespace looks like a host's: lo and one network interface with an address (eth0, one end of
+# a veth pair, 10.231.77.1): with lo alone, a family's getaddrinfo(AI_ADDRCONFIG) finds nothing,
+# and slurmd cannot bind its port. Returns at once when already inside; returns 1 where PID and
+# mount namespaces cannot be made here.
 own_namespaces() {
   if [ -n "${TUTTI_LAUNCH_INSIDE:-}" ]; then
-    [ "$TUTTI_LAUNCH_INSIDE" = net ] && ip link set lo up
+    if [ "$TUTTI_LAUNCH_INSIDE" = net ]; then
+      ip link set lo up
+      ip link add eth0 type veth peer name eth1 2>/dev/null &&
+        ip addr add 10.231.77.1/24 dev eth0 && ip link set eth0 up && ip link set eth1 up
+    fi
     return 0
   fi
   local ns=(unshare --pid --fork --kill-child --mount --mount-proc --propagation private)
