@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/types.h"
 #include "nccl.h"
 
 namespace tutti::perf {
@@ -36,124 +35,6 @@ double inputValue(int rank, size_t i, int op) {
   // 2 where (r + i) % 3 == 0, else 1 (exact in int8 up to 18 ranks, 2^6).
   if (op == ncclProd) return (size_t(rank) + i) % 3 == 0 ? 2.0 : 1.0;
   return double((size_t(rank) + i) % 3);
-}
-
-void store(int t, double v, void* dst) {
-  using namespace tutti::cpu;
-  switch (t) {
-    case ncclInt8:
-    case ncclUint8: {
-      uint8_t x = uint8_t(v);
-      memcpy(dst, &x, 1);
-      break;
-    }
-    case ncclInt32:
-    case ncclUint32: {
-      uint32_t x = uint32_t(v);
-      memcpy(dst, &x, 4);
-      break;
-    }
-    case ncclInt64:
-    case ncclUint64: {
-      uint64_t x = uint64_t(v);
-      memcpy(dst, &x, 8);
-      break;
-    }
-    case ncclFloat16: {
-      auto x = Elem<half_t>::store(float(v));
-      memcpy(dst, &x, 2);
-      break;
-    }
-    case ncclFloat32: {
-      float x = float(v);
-      memcpy(dst, &x, 4);
-      break;
-    }
-    case ncclFloat64:
-      memcpy(dst, &v, 8);
-      break;
-    case ncclBfloat16: {
-      auto x = Elem<bf16_t>::store(float(v));
-      memcpy(dst, &x, 2);
-      break;
-    }
-    case ncclFloat8e4m3: {
-      auto x = Elem<fp8e4m3_t>::store(float(v));
-      memcpy(dst, &x, 1);
-      break;
-    }
-    case ncclFloat8e5m2: {
-      auto x = Elem<fp8e5m2_t>::store(float(v));
-      memcpy(dst, &x, 1);
-      break;
-    }
-  }
-}
-
-double load(int t, const void* src) {
-  using namespace tutti::cpu;
-  switch (t) {
-    case ncclInt8: {
-      int8_t x;
-      memcpy(&x, src, 1);
-      return x;
-    }
-    case ncclUint8: {
-      uint8_t x;
-      memcpy(&x, src, 1);
-      return x;
-    }
-    case ncclInt32: {
-      int32_t x;
-      memcpy(&x, src, 4);
-      return x;
-    }
-    case ncclUint32: {
-      uint32_t x;
-      memcpy(&x, src, 4);
-      return x;
-    }
-    case ncclInt64: {
-      int64_t x;
-      memcpy(&x, src, 8);
-      return double(x);
-    }
-    case ncclUint64: {
-      uint64_t x;
-      memcpy(&x, src, 8);
-      return double(x);
-    }
-    case ncclFloat16: {
-      half_t x;
-      memcpy(&x, src, 2);
-      return Elem<half_t>::load(x);
-    }
-    case ncclFloat32: {
-      float x;
-      memcpy(&x, src, 4);
-      return x;
-    }
-    case ncclFloat64: {
-      double x;
-      memcpy(&x, src, 8);
-      return x;
-    }
-    case ncclBfloat16: {
-      bf16_t x;
-      memcpy(&x, src, 2);
-      return Elem<bf16_t>::load(x);
-    }
-    case ncclFloat8e4m3: {
-      fp8e4m3_t x;
-      memcpy(&x, src, 1);
-      return Elem<fp8e4m3_t>::load(x);
-    }
-    default: {
-      fp8e5m2_t x;
-      memcpy(&x, src, 1);
-      return Elem<fp8e5m2_t>::load(x);
-    }
-  }
 }
 
 double reduced(int op, int dtype, int nranks, size_t i, size_t rankOffset) {

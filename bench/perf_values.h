@@ -23,9 +23,6 @@ extern InputValues gInputs;  // set once per collective, before any rank runs
 size_t exactIntegers(int dtype);
 // Element i of rank r's input (op: the reduction's, where it matters; -1 otherwise).
 double inputValue(int rank, size_t i, int op = -1);
-// Element conversion to and from the NCCL type t.
-void store(int t, double v, void* dst);
-double load(int t, const void* src);
 // Element i of a reduction over nranks ranks' inputs, each offset by rankOffset elements.
 double reduced(int op, int dtype, int nranks, size_t i, size_t rankOffset);
 // How far a result of the type may be from the expected value.

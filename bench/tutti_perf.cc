@@ -28,6 +28,7 @@
 #include "bench/perf_device.h"
 #include "bench/perf_options.h"
 #include "bench/perf_values.h"
+#include "kernels/cpu/elem_value.h"
 #include "nccl.h"
 #include "tutti.h"
 
@@ -136,7 +137,7 @@ class Runner {
 #endif
       if (!dev_ && poison) memset(recv, 0xff, recvElems * es);
       for (size_t j = 0; j < sendElems; ++j)
-        store(o_.dtype, inputValue(r_.rank, j, op), hs + j * es);
+        tutti::cpu::storeElem(o_.dtype, inputValue(r_.rank, j, op), hs + j * es);
 #ifdef TUTTI_HAVE_CUDA
       if (dev_) dev_->toDevice(send, hs, sendElems * es);
 #endif
@@ -202,7 +203,7 @@ class Runner {
     const int n = r_.nranks, me = r_.rank;
     long long wrong = 0;
     auto expect = [&](size_t at, double want) {
-      double got = load(o_.dtype, recv + at * es);
+      double got = tutti::cpu::loadElem(o_.dtype, recv + at * es);
       if (!(std::fabs(got - want) <= tolerance(o_.dtype, want))) ++wrong;
     };
     for (size_t i = 0; i < count; ++i) {

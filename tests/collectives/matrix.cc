@@ -7,7 +7,7 @@
 #include <memory>
 #include <sstream>
 
-#include "kernels/cpu/types.h"
+#include "kernels/cpu/elem_value.h"
 #ifdef TUTTI_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -140,106 +140,6 @@ bool hasInPlace(TestColl c) {
          c == TestColl::kBroadcast || c == TestColl::kReduce;
 }
 
-void store(int t, double v, void* dst) {
-  using namespace tutti::cpu;
-  switch (t) {
-    case ncclInt8: {
-      int8_t x = int8_t(int64_t(v));
-      memcpy(dst, &x, 1);
-      break;
-    }
-    case ncclUint8: {
-      uint8_t x = uint8_t(int64_t(v));
-      memcpy(dst, &x, 1);
-      break;
-    }
-    case ncclInt32: {
-      int32_t x = int32_t(int64_t(v));
-      memcpy(dst, &x, 4);
-      break;
-    }
-    case ncclUint32: {
-      uint32_t x = uint32_t(int64_t(v));
-      memcpy(dst, &x, 4);
-      break;
-    }
-    case ncclInt64: {
-      int64_t x = int64_t(v);
-      memcpy(dst, &x, 8);
-      break;
-    }
-    case ncclUint64: {
-      uint64_t x = uint64_t(int64_t(v));
-      memcpy(dst, &x, 8);
-      break;
-    }
-    case ncclFloat16: {
-      half_t x = Elem<half_t>::store(float(v));
-      memcpy(dst, &x, 2);
-      break;
-    }
-    case ncclFloat32: {
-      float x = float(v);
-      memcpy(dst, &x, 4);
-      break;
-    }
-    case ncclFloat64:
-      memcpy(dst, &v, 8);
-      break;
-    case ncclBfloat16: {
-      bf16_t x = Elem<bf16_t>::store(float(v));
-      memcpy(dst, &x, 2);
-      break;
-    }
-    case ncclFloat8e4m3: {
-      auto x = Elem<fp8e4m3_t>::store(float(v));
-      memcpy(dst, &x, 1);
-      break;
-    }
-    case ncclFloat8e5m2: {
-      auto x = Elem<fp8e5m2_t>::store(float(v));
-      memcpy(dst, &x, 1);
-      break;
-    }
-  }
-}
-
-// Integers come back as their exact value in an int64 (uint64 bits for uint64).
-double loadFloat(int t, const void* src) {
-  using namespace tutti::cpu;
-  switch (t) {
-    case ncclFloat16: {
-      half_t x;
-      memcpy(&x, src, 2);
-      return Elem<half_t>::load(x);
-    }
-    case ncclFloat32: {
-      float x;
-      memcpy(&x, src, 4);
-      return x;
-    }
-    case ncclFloat64: {
-      double x;
-      memcpy(&x, src, 8);
-      return x;
-    }
-    case ncclBfloat16: {
-      bf16_t x;
-      memcpy(&x, src, 2);
-      return Elem<bf16_t>::load(x);
-    }
-    case ncclFloat8e4m3: {
-      fp8e4m3_t x;
-      memcpy(&x, src, 1);
-      return Elem<fp8e4m3_t>::load(x);
-    }
-    default: {
-      fp8e5m2_t x;
-      memcpy(&x, src, 1);
-      return Elem<fp8e5m2_t>::load(x);
-    }
-  }
-}
 uint64_t loadBits(int t, const void* src) {
   uint64_t x = 0;
   memcpy(&x, src, sizeOf(t));
@@ -314,7 +214,7 @@ Expect reduceOracle(const Case& c, int nranks, size_t j) {
           c.dtype == ncclUint64 ? int64_t(uint64_t(result) / uint64_t(nranks)) : result / nranks;
     }
     uint8_t buf[8];
-    store(c.dtype, 0, buf);
+    cpu::storeElem(c.dtype, 0, buf);
     memcpy(buf, &result, sizeOf(c.dtype));
     e.bits = loadBits(c.dtype, buf);
     return e;
@@ -326,8 +226,8 @@ Expect reduceOracle(const Case& c, int nranks, size_t j) {
   double inv = 1;
   if (avgFirst) {
     uint8_t buf[8];
-    store(c.dtype, 1.0 / nranks, buf);
-    inv = loadFloat(c.dtype, buf);
+    cpu::storeElem(c.dtype, 1.0 / nranks, buf);
+    inv = cpu::loadElem(c.dtype, buf);
   }
   double acc = 0, magnitude = 0;
   for (int r = 0; r < nranks; ++r) {
@@ -358,11 +258,11 @@ Expect reduceOracle(const Case& c, int nranks, size_t j) {
 Expect copied(const Case& c, int r, size_t j) {
   Expect e{!isFloat(c.dtype), 0, 0, 0};
   uint8_t buf[8] = {};
-  store(c.dtype, inputValue(c, r, j), buf);
+  cpu::storeElem(c.dtype, inputValue(c, r, j), buf);
   if (e.exactBits) {
     e.bits = loadBits(c.dtype, buf);
   } else {
-    e.value = loadFloat(c.dtype, buf);
+    e.value = cpu::loadElem(c.dtype, buf);
   }
   return e;
 }
@@ -374,14 +274,14 @@ std::string describeMismatch(const Case& c, const char* what, size_t i, const vo
   if (e.exactBits) {
     os << "bits 0x" << std::hex << loadBits(c.dtype, got) << ", expected 0x" << e.bits;
   } else {
-    os << loadFloat(c.dtype, got) << ", expected " << e.value << " (tolerance " << e.tol << ")";
+    os << cpu::loadElem(c.dtype, got) << ", expected " << e.value << " (tolerance " << e.tol << ")";
   }
   return os.str();
 }
 
 bool matches(int dtype, const void* got, const Expect& e) {
   if (e.exactBits) return loadBits(dtype, got) == e.bits;
-  double v = loadFloat(dtype, got);
+  double v = cpu::loadElem(dtype, got);
   return std::fabs(v - e.value) <= e.tol;
 }
 
@@ -496,7 +396,8 @@ std::string runCaseImpl(ncclComm_t comm, int rank, int n, const Case& c, Memory 
       send = recv;  // AllReduce, Broadcast, Reduce; ReduceScatter below
     if (c.coll == TestColl::kReduceScatter) recv = send + size_t(rank) * count * es;
   }
-  for (size_t j = 0; j < sendElems; ++j) store(c.dtype, inputValue(c, rank, j), send + j * es);
+  for (size_t j = 0; j < sendElems; ++j)
+    cpu::storeElem(c.dtype, inputValue(c, rank, j), send + j * es);
   // GPU memory: the same two allocations, same contents, same offsets; the call gets the
   // device addresses and the results come back into recvMem to be checked.
   const size_t sendBytes = sendElems * es + 1;
@@ -520,13 +421,13 @@ std::string runCaseImpl(ncclComm_t comm, int rank, int n, const Case& c, Memory 
   std::unique_ptr<uint8_t[]> scalar(new uint8_t[8]);
   if (custom) {  // the caller's own engine does the operation
     if (isReduction(c.coll) && (c.op == kPreMulHost || c.op == kPreMulDevice))
-      store(c.dtype, preScalar(c), scalar.get());
+      cpu::storeElem(c.dtype, preScalar(c), scalar.get());
     std::string err = (*custom)(callSend, callRecv, scalar.get());
     if (!err.empty()) return c.name() + ": rank " + std::to_string(rank) + ": " + err;
   } else if (isReduction(c.coll)) {
     op = static_cast<ncclRedOp_t>(c.op);
     if (c.op == kPreMulHost || c.op == kPreMulDevice) {
-      store(c.dtype, preScalar(c), scalar.get());
+      cpu::storeElem(c.dtype, preScalar(c), scalar.get());
       void* where = scalar.get();
       if (mem == Memory::kDevice && c.op == kPreMulDevice) {
         std::string err = dev.makeScalar(scalar.get());
