@@ -1,5 +1,6 @@
-// One element of any NCCL datatype written from or read as a double: how tests and tutti-perf
-// fill inputs and check results, in every type (never the data path, which works in the types).
+// The element type of an NCCL datatype (withElemType: the CPU engine's one dispatch), and one
+// element of any datatype written from or read as a double: how tests and tutti-perf fill inputs
+// and check results in every type (never the data path, which works in the types).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 namespace tutti::cpu {
 
 // Calls body(T{}) with the element type of datatype t (fp8 e5m2 for anything unknown: callers
-// pass valid datatypes).
+// check first).
 template <class Body>
 decltype(auto) withElemType(int t, Body&& body) {
   switch (t) {

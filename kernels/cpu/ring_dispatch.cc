@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "collectives/recursive_doubling.h"
+#include "kernels/cpu/elem_value.h"
 #include "kernels/cpu/host_prims.h"
 #include "kernels/cpu/reduce.h"
 #include "nccl.h"
@@ -323,34 +324,11 @@ void byFn(const CollArgs& op, Body&& body) {
 // Calls body(T{}) with the element type of the operation's datatype.
 template <class Body>
 void byType(const CollArgs& op, Waiter* w, Body&& body) {
-  switch (op.dtype) {
-    case ncclInt8:
-      return body(int8_t{});
-    case ncclUint8:
-      return body(uint8_t{});
-    case ncclInt32:
-      return body(int32_t{});
-    case ncclUint32:
-      return body(uint32_t{});
-    case ncclInt64:
-      return body(int64_t{});
-    case ncclUint64:
-      return body(uint64_t{});
-    case ncclFloat16:
-      return body(half_t{});
-    case ncclFloat32:
-      return body(float{});
-    case ncclFloat64:
-      return body(double{});
-    case ncclBfloat16:
-      return body(bf16_t{});
-    case ncclFloat8e4m3:
-      return body(fp8e4m3_t{});
-    case ncclFloat8e5m2:
-      return body(fp8e5m2_t{});
-    default:
-      w->fail(internalError("unknown datatype " + std::to_string(op.dtype)));
+  if (dtypeSize(op.dtype) == 0) {
+    w->fail(internalError("unknown datatype " + std::to_string(op.dtype)));
+    return;
   }
+  withElemType(op.dtype, body);
 }
 
 // The reduction collectives, instantiated per element type and function.
