@@ -133,6 +133,7 @@ class DeviceEngine {
   int groupSiblings_ = 0;  // the siblings that take part in it
   bool entered_ = false;   // enter() made the prepared group's entries
   bool warnedShared_ = false;
+  bool warnedSharedP2p_ = false;           // sends and receives on a sibling's stream: said once
   bool warnedLegacy_ = false;              // stream 0 outside a group with siblings: said once
   bool ownJoinedCapture_ = false;          // the own stream waited for a capturing stream once
   std::atomic<bool> doneCaptured_{false};  // done_'s last record was in a capture

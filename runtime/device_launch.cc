@@ -49,6 +49,30 @@ void releaseEvent(DeviceEvent e) {
 // Entries of siblings that use streams of their own are never claimed: they go once every
 // sibling has passed their group (StreamEntries::entered); the bound is for the rest.
 StreamEntries<DeviceEvent> gShared(8192, releaseEvent);
+
+// The rank of a communicator that last entered a group on a stream, per (communicator, GPU,
+// stream): only to tell a rank that its sends and receives share a stream with a sibling's.
+struct StreamUse {
+  uint64_t comm;
+  int dev;
+  const void* stream;
+  bool operator<(const StreamUse& o) const {
+    if (comm != o.comm) return comm < o.comm;
+    return dev != o.dev ? dev < o.dev : stream < o.stream;
+  }
+};
+std::mutex gUseMu;
+std::map<StreamUse, int> gLastUser;
+
+// Records that `rank` entered a group on the stream; returns the rank there before it (-1).
+int swapLastUser(const StreamUse& use, int rank) {
+  std::lock_guard<std::mutex> lock(gUseMu);
+  if (gLastUser.size() > 4096) gLastUser.clear();  // a stale handle only costs a warning
+  auto [it, made] = gLastUser.emplace(use, rank);
+  const int before = made ? -1 : it->second;
+  it->second = rank;
+  return before;
+}
 }  // namespace
 
 // direct: the group may launch on this stream itself (it names no other). A sibling that
@@ -67,8 +91,22 @@ Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follo
   const int dev = comm_.cudaDev();
   // cudaStreamPerThread is another stream on each thread: its key names the thread.
   static thread_local char tPerThread;
-  const StreamEntryKey key{comm_.commHash(), dev, s == cudaStreamPerThread ? &tPerThread : s,
-                           groupPos_};
+  const void* streamKey = s == cudaStreamPerThread ? &tPerThread : s;
+  const StreamEntryKey key{comm_.commHash(), dev, streamKey, groupPos_};
+  const int lastUser = swapLastUser({comm_.commHash(), dev, streamKey}, comm_.rank());
+  if (!grouped && groupPos_.set != 0 && lastUser >= 0 && lastUser != comm_.rank() &&
+      !warnedSharedP2p_) {
+    // Their entries match only where both name the same ranks (a pair's exchange): in a ring
+    // (send to r + 1, receive from r - 1) each rank leads, behind the joins of those before.
+    warnedSharedP2p_ = true;
+    TUTTI_WARN(
+        "rank %d sends or receives on stream %p, which rank %d of its communicator on GPU %d "
+        "used too, called from another thread outside a group: unless every such group names "
+        "the same ranks (a pair exchanging), each rank's kernel may queue behind another's "
+        "join, which waits for it (a deadlock, until TUTTI_TIMEOUT). Call them in one "
+        "ncclGroupStart/End, or give each rank a stream of its own",
+        comm_.rank(), s, lastUser, dev);
+  }
   Status made;
   auto make = [&](DeviceEvent* e) {
     e->device = dev;
@@ -176,7 +214,13 @@ Status DeviceEngine::enter(bool grouped) {
   // other's earlier work, so a kernel there and a sibling's on a blocking stream could each
   // wait for the other. Its kernels go on the own stream, after an entry recorded on it, and
   // it waits for them (as for a group on several streams).
-  const bool direct = streams_.size() == 1 && !isLegacyStream(streams_[0]);
+  // Nor, in one group with its siblings (runBatches), a group of sends and receives among them:
+  // their sets of ranks may differ (a ring: {r - 1, r, r + 1}), so their entries do not match,
+  // each would lead on the shared stream, and the first kernel there waits for one queued
+  // behind it. On the own stream, after an entry every rank of the group records on the
+  // caller's stream before any launch, none waits behind another.
+  const bool direct = streams_.size() == 1 && !isLegacyStream(streams_[0]) &&
+                      !(grouped && groupPos_.set != 0 && groupSiblings_ > 0);
   // Before any record or wait: the own stream, once it joined a capture, is in it until that
   // capture ends; an eager group (or one for another capture) must not wait there.
   if (ownJoinedCapture_ && (!direct || groupSiblings_ > 0)) TUTTI_TRY(checkOwnCapture());

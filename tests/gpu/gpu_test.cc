@@ -161,6 +161,52 @@ TEST(GpuStreams, FourRanksSharingOneStreamInOneGroupComplete) {
   cudaStreamDestroy(stream);
 }
 
+// The same for sends and receives, where no two ranks' stream entries match (each names
+// other ranks): a ring (each rank sends to the next and receives from the one before: the
+// sets {r - 1, r, r + 1}) and a fan-out (rank 0 to ranks 1 and 2; rank 3 takes no part), one
+// element and 16 MiB (past the 4 MiB FIFO, so a send waits for its receiver too). Each rank
+// led on the shared stream before, and the first kernel there waited for one queued behind it.
+TEST(GpuStreams, FourRanksSendingRoundARingOnOneStreamInOneGroupComplete) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 4;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  ncclComm_t comms[n];
+  int devs[n] = {0, 0, 0, 0};
+  ASSERT_EQ(ncclCommInitAll(comms, n, devs), ncclSuccess) << ncclGetLastError(nullptr);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (size_t count : {size_t(1), size_t(1) << 22}) {
+    RankBuffers in(n, count), ring(n, count), fan(n, count);
+    for (int r = 0; r < n; ++r) {
+      in.fill(r, float(r + 1), stream);
+      ring.fill(r, -1.0f, stream);
+      fan.fill(r, -1.0f, stream);
+    }
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(ncclSend(in.bufs[size_t(r)], count, ncclFloat, (r + 1) % n, comms[r], stream),
+                ncclSuccess);
+      EXPECT_EQ(ncclRecv(ring.bufs[size_t(r)], count, ncclFloat, (r + n - 1) % n, comms[r], stream),
+                ncclSuccess);
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int q : {1, 2}) {
+      EXPECT_EQ(ncclSend(in.bufs[0], count, ncclFloat, q, comms[0], stream), ncclSuccess);
+      EXPECT_EQ(ncclRecv(fan.bufs[size_t(q)], count, ncclFloat, 0, comms[q], stream), ncclSuccess);
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(ring.check(r, float((r + n - 1) % n + 1), stream), "") << "count " << count;
+    }
+    for (int q : {1, 2}) EXPECT_EQ(fan.check(q, 1.0f, stream), "") << "count " << count;
+    EXPECT_EQ(fan.check(3, -1.0f, stream), "") << "count " << count;
+  }
+  for (ncclComm_t c : comms) ncclCommDestroy(c);
+  cudaStreamDestroy(stream);
+}
+
 // Four ranks on four threads pass the same stream, outside any group: stream order alone
 // would make each rank's kernel wait behind another's join. They must all complete, round
 // after round, with the right sums (the engine shares one stream entry among them).
