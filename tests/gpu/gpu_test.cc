@@ -133,32 +133,46 @@ INSTANTIATE_TEST_SUITE_P(GpuProcesses, GpuPeerExit,
                            return std::string(i.index == 0 ? "Receiving" : "Sending");
                          });
 
+// n ranks driven by one thread (ncclCommInitAll, device 0 listed n times) and one stream
+// (cudaStreamCreate's flags) that every rank is passed.
+struct OneThreadRanks {
+  std::vector<ncclComm_t> comms;
+  cudaStream_t stream = nullptr;
+  OneThreadRanks(int n, unsigned streamFlags) : comms(size_t(n)) {
+    std::vector<int> devs(size_t(n), 0);
+    EXPECT_EQ(ncclCommInitAll(comms.data(), n, devs.data()), ncclSuccess)
+        << ncclGetLastError(nullptr);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, streamFlags), cudaSuccess);
+  }
+  ~OneThreadRanks() {
+    for (ncclComm_t c : comms) ncclCommDestroy(c);
+    cudaStreamDestroy(stream);
+  }
+};
+
 // One thread drives every rank (ncclCommInitAll, the device listed four times) and passes the
 // same stream to all: the group must launch every kernel before any can block the stream.
 TEST(GpuStreams, FourRanksSharingOneStreamInOneGroupComplete) {
   SKIP_WITHOUT_GPU();
   constexpr int n = 4;
   ScopedEnv timeout("TUTTI_TIMEOUT", "30");
-  ncclComm_t comms[n];
-  int devs[n] = {0, 0, 0, 0};
-  ASSERT_EQ(ncclCommInitAll(comms, n, devs), ncclSuccess) << ncclGetLastError(nullptr);
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  OneThreadRanks ranks(n, cudaStreamDefault);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const std::vector<ncclComm_t>& comms = ranks.comms;
+  cudaStream_t stream = ranks.stream;
   for (size_t count : {size_t(1), size_t(1000), size_t(1) << 20}) {
     RankBuffers b(n, count);
     for (int r = 0; r < n; ++r) b.fill(r, float(r + 1), stream);
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r) {
       EXPECT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], count, ncclFloat, ncclSum,
-                              comms[r], stream),
+                              comms[size_t(r)], stream),
                 ncclSuccess);
     }
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     for (int r = 0; r < n; ++r) EXPECT_EQ(b.check(r, 10.0f, stream), "") << "count " << count;
   }
-  for (ncclComm_t c : comms) ncclCommDestroy(c);
-  cudaStreamDestroy(stream);
 }
 
 // The same for sends and receives, where no two ranks' stream entries match (each names
@@ -170,11 +184,10 @@ TEST(GpuStreams, FourRanksSendingRoundARingOnOneStreamInOneGroupComplete) {
   SKIP_WITHOUT_GPU();
   constexpr int n = 4;
   ScopedEnv timeout("TUTTI_TIMEOUT", "30");
-  ncclComm_t comms[n];
-  int devs[n] = {0, 0, 0, 0};
-  ASSERT_EQ(ncclCommInitAll(comms, n, devs), ncclSuccess) << ncclGetLastError(nullptr);
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  OneThreadRanks ranks(n, cudaStreamNonBlocking);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const std::vector<ncclComm_t>& comms = ranks.comms;
+  cudaStream_t stream = ranks.stream;
   for (size_t count : {size_t(1), size_t(1) << 22}) {
     RankBuffers in(n, count), ring(n, count), fan(n, count);
     for (int r = 0; r < n; ++r) {
@@ -184,16 +197,19 @@ TEST(GpuStreams, FourRanksSendingRoundARingOnOneStreamInOneGroupComplete) {
     }
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r) {
-      EXPECT_EQ(ncclSend(in.bufs[size_t(r)], count, ncclFloat, (r + 1) % n, comms[r], stream),
-                ncclSuccess);
-      EXPECT_EQ(ncclRecv(ring.bufs[size_t(r)], count, ncclFloat, (r + n - 1) % n, comms[r], stream),
+      EXPECT_EQ(
+          ncclSend(in.bufs[size_t(r)], count, ncclFloat, (r + 1) % n, comms[size_t(r)], stream),
+          ncclSuccess);
+      EXPECT_EQ(ncclRecv(ring.bufs[size_t(r)], count, ncclFloat, (r + n - 1) % n, comms[size_t(r)],
+                         stream),
                 ncclSuccess);
     }
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int q : {1, 2}) {
       EXPECT_EQ(ncclSend(in.bufs[0], count, ncclFloat, q, comms[0], stream), ncclSuccess);
-      EXPECT_EQ(ncclRecv(fan.bufs[size_t(q)], count, ncclFloat, 0, comms[q], stream), ncclSuccess);
+      EXPECT_EQ(ncclRecv(fan.bufs[size_t(q)], count, ncclFloat, 0, comms[size_t(q)], stream),
+                ncclSuccess);
     }
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
@@ -203,8 +219,6 @@ TEST(GpuStreams, FourRanksSendingRoundARingOnOneStreamInOneGroupComplete) {
     for (int q : {1, 2}) EXPECT_EQ(fan.check(q, 1.0f, stream), "") << "count " << count;
     EXPECT_EQ(fan.check(3, -1.0f, stream), "") << "count " << count;
   }
-  for (ncclComm_t c : comms) ncclCommDestroy(c);
-  cudaStreamDestroy(stream);
 }
 
 // Four ranks on four threads pass the same stream, outside any group: stream order alone
