@@ -87,6 +87,16 @@ void deviceUuid(int device, unsigned char out[16]) {
   memcpy(out, prop.uuid.bytes, 16);
 }
 
+int multiProcessorCount(int device) {
+  int sms = 0;
+  if (device < 0 || device >= deviceCount() ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
 Status deviceMalloc(void** ptr, size_t bytes) {
   cudaError_t e = cudaMalloc(ptr, bytes);
   return e == cudaSuccess ? Status::Ok() : cudaStatus("cudaMalloc", e);
@@ -194,6 +204,7 @@ Status setDevice(int device) {
 }
 std::string busId(int) { return ""; }
 void deviceUuid(int, unsigned char out[16]) { memset(out, 0, 16); }
+int multiProcessorCount(int) { return 0; }
 Status deviceMalloc(void**, size_t) {
   return Status(Code::kCudaError, "tutti was built without CUDA");
 }

@@ -21,6 +21,8 @@ std::string busId(int device);
 // The device's UUID (a MIG instance's own, under MIG, where instances of one GPU share a bus
 // id) into out[16]; zeros for -1 / no CUDA / an error.
 void deviceUuid(int device, unsigned char out[16]);
+// The device's streaming multiprocessors (a MIG instance's own); 0 for -1 / no CUDA / an error.
+int multiProcessorCount(int device);
 // What the runtime says when it has no devices (for logs): "no CUDA driver", etc.
 std::string unavailableReason();
 

@@ -36,10 +36,6 @@ namespace tutti {
 
 namespace {
 
-// Blocks the collectives of the ranks sharing a GPU take in all (channels per rank are this
-// divided among them): half of what one GPU runs at once (132 SMs on an H100, a block each).
-constexpr int kSharedGpuBlocks = 64;
-
 // The most ranks on one GPU. Every rank derives this from the shared peer table, so all agree
 // on channel counts.
 int ranksPerDevice(const Comm& comm) {
@@ -57,9 +53,9 @@ int ranksPerDevice(const Comm& comm) {
 DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
   shared_ = ranksPerDevice(comm);
   // Ranks sharing a GPU each hold their blocks for a whole kernel while they wait for the
-  // others: keep the total within half of what one GPU runs at once (132 SMs on an H100,
-  // one block of 512 threads each). Below that, more channels means more SMs moving bytes.
-  const int cap = std::max(1, kSharedGpuBlocks / shared_);
+  // others: keep the total within half of what the GPU runs at once (deviceChannelCap; a MIG
+  // slice or a small GPU runs fewer). Below that, more channels means more SMs moving bytes.
+  const int cap = deviceChannelCap(comm.peers().data(), comm.peers().size());
   // The planner's settings as this rank told the others at init (they must agree: prepare()
   // refuses every operation where they do not).
   const DeviceSettings& d = comm.peers()[size_t(comm.rank())].device;
@@ -410,9 +406,12 @@ void DeviceEngine::findP2pBlockCap() {
       perSm = perSm == 0 ? b : std::min(perSm, b);
     }
     if (e == cudaSuccess) {
-      cap = std::max(2, std::max(sms, 1) * std::max(perSm, 1) / shared_);
-      why = std::to_string(sms) + " SMs x " + std::to_string(perSm) + " blocks each, " +
-            std::to_string(shared_) + " rank(s) on GPU " + std::to_string(comm_.cudaDev());
+      // Half of it, as the collectives take (deviceChannelCap): the other half is left to
+      // other kernels, such as another communicator's, which may wait for these ranks too.
+      cap = std::max(2, std::max(sms, 1) * std::max(perSm, 1) / 2 / shared_);
+      why = "half of " + std::to_string(sms) + " SMs x " + std::to_string(perSm) +
+            " blocks each, " + std::to_string(shared_) + " rank(s) on GPU " +
+            std::to_string(comm_.cudaDev());
     } else {
       // Not worth failing every GPU operation for: the collectives' own share of the GPU.
       cap = std::max(2, kSharedGpuBlocks / shared_);

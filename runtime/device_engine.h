@@ -117,8 +117,9 @@ class DeviceEngine {
   // Blocks a group of sends and receives may take on this rank (one per peer and direction, or
   // fewer, each running several pairs: devplan::plan): the ranks sharing a GPU may each run such
   // a kernel at once, and their blocks wait for each other, so all must be resident together.
-  // What the GPU holds at once (SMs x blocks per SM of the send/receive kernels), shared among
-  // them; TUTTI_P2P_MAX_BLOCKS overrides it (2 at least). Found by init() (findP2pBlockCap).
+  // Half of what the GPU holds at once (SMs x blocks per SM of the send/receive kernels), as
+  // for the collectives, shared among them; TUTTI_P2P_MAX_BLOCKS overrides it (2 at least). Found
+  // by init() (findP2pBlockCap).
   std::atomic<int> p2pCap_{0};
   size_t llMaxBytes_;
   size_t gatherMaxBytes_;  // TUTTI_LL_GATHER_MAX_BYTES (devplan::Config::gatherMaxBytes)

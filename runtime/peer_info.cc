@@ -110,6 +110,19 @@ bool sameGpu(const PeerInfo& a, const PeerInfo& b) {
   return memcmp(a.gpuUuid, b.gpuUuid, sizeof(a.gpuUuid)) == 0;
 }
 
+int deviceChannelCap(const PeerInfo* peers, size_t n) {
+  int cap = kSharedGpuBlocks;
+  for (size_t i = 0; i < n; ++i) {
+    const PeerInfo& p = peers[i];
+    if (p.cudaDev < 0) continue;
+    int sharing = 0;
+    for (size_t j = 0; j < n; ++j) sharing += sameGpu(peers[j], p);
+    const int blocks = p.gpuSms > 0 ? std::min(kSharedGpuBlocks, p.gpuSms / 2) : kSharedGpuBlocks;
+    cap = std::min(cap, blocks / std::max(sharing, 1));
+  }
+  return std::max(cap, 1);
+}
+
 DeviceSettings deviceSettingsFromEnv() {
   DeviceSettings d{};
   d.proto = -1;
@@ -199,6 +212,7 @@ PeerInfo localPeerInfo(int rank, int cudaDev, const net::SockAddr& bootstrapAddr
   p.bootIdKnown = !bootId().empty();
   snprintf(p.busId, sizeof(p.busId), "%s", cuda::busId(cudaDev).c_str());
   cuda::deviceUuid(cudaDev, p.gpuUuid);
+  p.gpuSms = cuda::multiProcessorCount(cudaDev);
   snprintf(p.hostname, sizeof(p.hostname), "%s", localHostname().c_str());
   p.bootstrapAddr = wire::fromSockAddr(bootstrapAddr);
   p.device = deviceSettingsFromEnv();

@@ -41,6 +41,7 @@ struct PeerInfo {
   uint64_t hostHash;          // equal for ranks that can share memory directly
   char busId[24];             // PCI bus id of cudaDev, "" for CPU ranks
   unsigned char gpuUuid[16];  // cudaDev's UUID (a MIG instance's own), zeros for CPU ranks
+  int32_t gpuSms;             // cudaDev's multiprocessors (a MIG instance's own), 0 unknown
   char hostname[64];
   wire::Addr bootstrapAddr;
   // The CPUs this process may run on (affinity), CPU c at bit c % 64 of word c / 64; CPUs from
@@ -53,6 +54,17 @@ static_assert(std::is_trivially_copyable_v<PeerInfo>);
 
 // Ok, or which setting differs between which two GPU ranks (CPU ranks plan no kernels).
 Status checkDeviceSettingsAgree(const PeerInfo* peers, size_t n);
+
+// Blocks the collectives of the ranks sharing a GPU may take in all: half of what the GPU runs
+// at once (a block of the kernels' 512 threads per multiprocessor: their registers fill one),
+// at most kSharedGpuBlocks (an H100's 132 multiprocessors give 64); 64 where the size is
+// unknown. The other half is left to other kernels (another communicator's may wait for these
+// ranks too).
+inline constexpr int kSharedGpuBlocks = 64;
+// The channels (a block each) every GPU rank's collectives may take: on each GPU, its blocks
+// divided among the ranks there; the least over every GPU of the communicator, so that every
+// rank plans alike (the plans must meet). At least 1; kSharedGpuBlocks where no GPU rank.
+int deviceChannelCap(const PeerInfo* peers, size_t n);
 
 // Whether two ranks use one GPU (the same MIG instance, under MIG): both GPU ranks on one host
 // with the same bus id and UUID (a UUID that could not be read, all zeros, is not compared).

@@ -250,3 +250,35 @@ TEST(PeerInfo, SameGpuMeansTheSameBusIdAndUuidOnOneHost) {
   b.cudaDev = -1;  // a CPU rank
   EXPECT_FALSE(tutti::sameGpu(a, b));
 }
+
+// The collectives' channels per GPU rank: half of the GPU's multiprocessors (at most 64),
+// divided among the ranks on it, the least over the communicator's GPUs, so that every rank
+// plans alike. A MIG slice or a small GPU gets fewer than an H100; CPU ranks do not count.
+TEST(PeerInfo, ChannelsFollowTheSmallestShareOfAGpu) {
+  auto gpu = [](uint64_t host, const char* bus, int sms) {
+    PeerInfo p{};
+    p.cudaDev = 0;
+    p.hostHash = host;
+    snprintf(p.busId, sizeof(p.busId), "%s", bus);
+    p.gpuUuid[0] = uint8_t(bus[5]);
+    p.gpuSms = sms;
+    return p;
+  };
+  auto cap = [](const std::vector<PeerInfo>& peers) {
+    return tutti::deviceChannelCap(peers.data(), peers.size());
+  };
+  const PeerInfo h100 = gpu(1, "0000:1b:00.0", 132), slice = gpu(1, "0000:2c:00.0", 60);
+  EXPECT_EQ(cap({h100}), 64);                       // one rank: 64 blocks (16 channels at most)
+  EXPECT_EQ(cap({h100, h100, h100, h100}), 16);     // 4 ranks share 64, as before
+  EXPECT_EQ(cap({slice, slice, slice, slice}), 7);  // 30 blocks among 4 (a 3g MIG slice)
+  EXPECT_EQ(cap({h100, h100, slice}), 30);          // the slice alone: 30; the H100's two: 32
+  EXPECT_EQ(cap({gpu(1, "0000:3d:00.0", 16), gpu(1, "0000:3d:00.0", 16)}), 4);  // 1g: 8 / 2
+  PeerInfo unknown = h100;  // a size that could not be read: 64, as before
+  unknown.gpuSms = 0;
+  EXPECT_EQ(cap({unknown, unknown}), 32);
+  EXPECT_EQ(cap({gpu(1, "0000:4e:00.0", 1)}), 1);  // never 0
+  PeerInfo cpu{};
+  cpu.cudaDev = -1;
+  EXPECT_EQ(cap({cpu, cpu}), tutti::kSharedGpuBlocks);  // no GPU rank: nothing to share
+  EXPECT_EQ(cap({cpu, slice, slice}), 15);
+}
