@@ -77,6 +77,11 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
 }
 
 namespace {
+// Every engine whose events exist, in this process: an abort asks whether another
+// communicator's work is in flight on its GPU. Engines leave before their events go.
+std::mutex gEnginesMu;
+std::vector<const DeviceEngine*> gEngines;
+
 // Whether the stream's work and the event's launch finished (or failed) within `limit`,
 // asking every millisecond: no call that blocks.
 bool finishedWithin(cudaStream_t stream, cudaEvent_t event, std::chrono::milliseconds limit) {
@@ -95,6 +100,10 @@ DeviceEngine::~DeviceEngine() {
   // Teardown may run while another thread captures a graph in the global mode, which
   // forbids this thread cudaFree and its like (they would fail, and invalidate that capture).
   CaptureModeRelaxed relaxed;
+  {
+    std::lock_guard<std::mutex> lock(gEnginesMu);
+    gEngines.erase(std::remove(gEngines.begin(), gEngines.end(), this), gEngines.end());
+  }
   if (watch_) peerwatch::remove(watch_);  // before the links go: the watch marks them
   if (stream_) {
     // The FIFOs and the mapped words must outlive every kernel that uses them.
@@ -102,8 +111,13 @@ DeviceEngine::~DeviceEngine() {
     const bool aborted = comm_.aborted();
     // Kept where noteAbort found work, or a launch came after it (a call already past its
     // checks when the abort began).
-    const bool keep = aborted && (busyAtAbort_.load(std::memory_order_acquire) ||
-                                  launches_.load(std::memory_order_acquire) != launchesAtAbort_);
+    bool keep = aborted && (busyAtAbort_.load(std::memory_order_acquire) ||
+                            launches_.load(std::memory_order_acquire) != launchesAtAbort_);
+    // Nor where another communicator's kernel is in flight on this GPU: cudaFree waits for
+    // the whole GPU, and that kernel may wait for a peer that this aborting thread was about
+    // to abort next (a watchdog ending one communicator after another).
+    const bool othersBusy = aborted && !keep && othersBusyOnGpu();
+    keep = keep || othersBusy;
     if (aborted) breakLinks();  // peers' kernels stop before anything is freed
     auto stream = static_cast<cudaStream_t>(stream_);
     auto last = static_cast<cudaEvent_t>(serial_);  // the last launch, on whichever stream
@@ -140,7 +154,11 @@ DeviceEngine::~DeviceEngine() {
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
     // An abort with work in flight frees no memory (see noteAbort): the words, like the links'
     // FIFOs, are left to the process's exit.
-    if (keep) {
+    if (othersBusy) {
+      leave(
+          "aborted while another communicator's GPU work was in flight on its GPU, which a "
+          "cudaFree would wait for");
+    } else if (keep) {
       leave("aborted with GPU work in flight or failed, so peers' kernels may still use it");
     } else {
       cudaFreeHost(abortHost_);
@@ -171,16 +189,29 @@ void DeviceEngine::noteAbort() {
       DeviceGuard guard(comm_.cudaDev());
       // Relaxed: a query from this thread must not disturb another thread's graph capture.
       CaptureModeRelaxed relaxed;
-      auto pending = [](void* ev) {
-        const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
-        if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError();
-        return e == cudaErrorNotReady;
-      };
-      // done_ last recorded in a capture that may still be open: a query would break it.
-      busy = !kernelError().ok() || (!doneCaptured_ && pending(done_)) || pending(serial_);
+      busy = !kernelError().ok() || workPending();
     }
   }
   busyAtAbort_.store(busy, std::memory_order_release);
+}
+
+bool DeviceEngine::workPending() const {
+  auto pending = [](void* ev) {
+    if (!ev) return false;
+    const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
+    if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError();
+    return e == cudaErrorNotReady;
+  };
+  // done_ last recorded in a capture that may still be open: a query would break it.
+  return (!doneCaptured_ && pending(done_)) || pending(serial_);
+}
+
+bool DeviceEngine::othersBusyOnGpu() const {
+  std::lock_guard<std::mutex> lock(gEnginesMu);
+  for (const DeviceEngine* e : gEngines) {
+    if (e != this && e->comm_.cudaDev() == comm_.cudaDev() && e->workPending()) return true;
+  }
+  return false;
 }
 
 Status DeviceEngine::cudaCheck(const char* what, int err) const {
@@ -206,6 +237,11 @@ Status DeviceEngine::init() {
     cudaEvent_t e;
     TUTTI_TRY(cudaCheck("cudaEventCreate", cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
     *ev = e;
+  }
+  {
+    std::lock_guard<std::mutex> lock(gEnginesMu);
+    if (std::find(gEngines.begin(), gEngines.end(), this) == gEngines.end())
+      gEngines.push_back(this);
   }
   void* p = nullptr;
   void* d = nullptr;

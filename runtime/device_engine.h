@@ -98,6 +98,11 @@ class DeviceEngine {
   Status checkOwnCapture() const;
   // Sets p2pCap_ once.
   void findP2pBlockCap();
+  // Whether this engine's last launch or join has not finished (its events; queries only).
+  bool workPending() const;
+  // Whether another communicator's engine in this process has work pending on this GPU: a
+  // cudaFree would wait for it.
+  bool othersBusyOnGpu() const;
 
   Comm& comm_;
   std::unique_ptr<Links> links_;

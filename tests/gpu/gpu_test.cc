@@ -489,6 +489,37 @@ TEST(GpuAbort, AbortEndsAKernelWhosePeerNeverArrives) {
   ncclCommAbort(t.comms[1]);
 }
 
+// A watchdog aborts an idle communicator while another one's kernel on the GPU waits for a peer
+// that never comes (LonelyRank), then that one. The first abort must not wait for the stuck
+// kernel (cudaFree waits for the whole GPU: until the 30 s deadline here); it leaves its memory
+// to the process's exit instead.
+TEST(GpuAbort, AnIdleCommunicatorsAbortDoesNotWaitForAnothersStuckKernel) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  std::vector<ncclComm_t> idle = initThreads(2);
+  RankBuffers b(2, 1024);
+  std::vector<cudaStream_t> streams(2);
+  for (auto& s : streams)
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  onThreads(2, [&](int r) {  // its engine made (FIFOs allocated), then idle
+    EXPECT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], b.count, ncclFloat, ncclSum,
+                            idle[size_t(r)], streams[size_t(r)]),
+              ncclSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(streams[size_t(r)]), cudaSuccess);
+  });
+  LonelyRank t;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(cudaStreamQuery(t.streams[0]), cudaErrorNotReady) << "the kernel did not wait";
+  const double start = now();
+  for (ncclComm_t c : idle) EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+  EXPECT_LT(secondsSince(start), 10.0) << "the idle communicator's abort waited for the GPU";
+  EXPECT_EQ(ncclCommAbort(t.comms[0]), ncclSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(t.streams[0]), cudaSuccess);
+  EXPECT_LT(secondsSince(start), 10.0);
+  ncclCommAbort(t.comms[1]);
+  for (auto& s : streams) cudaStreamDestroy(s);
+}
+
 // With a short TUTTI_TIMEOUT the lonely kernel gives up by itself, and the error names the
 // rank, the operation and the peer it waited for; the next call on that comm is refused.
 TEST(GpuTimeout, AKernelThatWaitsTooLongReportsRankOperationAndPeer) {
