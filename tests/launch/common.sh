@@ -97,6 +97,35 @@ sys.exit("no free pair of ports")')" || fail "no free pair of ports"
 PERF_ARGS=(all_reduce -b 8 -e 1M -f 32 -n 3 -w 1)
 TRAIN_ARGS=(--epochs 1 --batch 64 --train-limit 4000 --test-limit 500)
 
+# A job started again after a failure: 2 ranks of tutti-train saving every 5 steps, whose rank 1
+# fails at step 12 in the first start (TUTTI_TRAINER_FAIL_AT=1:12, which a resumed run ignores).
+# The start after it must carry on from step 10 (--auto-resume) to the last checkpoint an
+# uninterrupted run (straight_run) writes, byte for byte (check_restarted).
+RESTART_ARGS=(--epochs 2 --batch 64 --train-limit 2000 --test-limit 500 --save-every 5)
+
+# straight_run CHECKPOINT LAUNCH...: the uninterrupted run under LAUNCH, 90 s at most.
+straight_run() {
+  local ck="$1"
+  shift
+  echo "== $* tutti-train ${RESTART_ARGS[*]} (uninterrupted)"
+  timeout 90 "$@" "$BUILD/tutti-train" "${RESTART_ARGS[@]}" --checkpoint "$ck" ||
+    fail "the uninterrupted run failed"
+}
+
+# check_restarted OUTPUT CHECKPOINT STRAIGHT [LINE...]: the job's output says it started afresh,
+# failed at step 12, resumed at step 10 and ended (and holds each LINE); its last checkpoint
+# holds STRAIGHT's bytes.
+check_restarted() {
+  local out="$1" ck="$2" straight="$3" want
+  shift 3
+  for want in "no checkpoint at $ck yet: starting afresh" \
+    "rank 1: failed at step 12 as TUTTI_TRAINER_FAIL_AT asked" "resumed from $ck at step 10" \
+    "epoch 2/2" "$@"; do
+    grep -qF -- "$want" <<<"$out" || fail "no line '$want' from the restarted job"
+  done
+  cmp "$straight" "$ck" || fail "the restarted job's last checkpoint differs from the uninterrupted run's"
+}
+
 # launched PROGRAM LABEL ARGS_NAME LAUNCH...: runs LAUNCH $BUILD/PROGRAM "${ARGS_NAME[@]}" (90 s
 # at most), printing "== LAUNCH LABEL" and what it said; fails unless it exited 0. Its output
 # stays in LAST_OUT (for the callers' own checks).

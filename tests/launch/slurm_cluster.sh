@@ -152,15 +152,12 @@ run_train "${ON_FIRST[@]}" srun -N "$NODES" -n 2
 # last checkpoint holds the bytes of an uninterrupted run's. (cred_expire=10 above: a requeued
 # job waits that long before it may start again; 120 s by default.)
 if ((NODES == 1)) && [ -x "$BUILD/tutti-train" ]; then
-  args=(--epochs 2 --batch 64 --train-limit 2000 --test-limit 500 --save-every 5)
-  echo "== srun tutti-train ${args[*]} (uninterrupted)"
-  timeout 90 srun -n 2 "$BUILD/tutti-train" "${args[@]}" --checkpoint "$DIR/straight.ck" ||
-    fail "the uninterrupted run failed"
+  straight_run "$DIR/straight.ck" srun -n 2
   cat >"$DIR/job.sh" <<JOB
 #!/bin/bash
 export TUTTI_TRAINER_FAIL_AT=1:12
 echo "run \${SLURM_RESTART_COUNT:-0} of job \$SLURM_JOB_ID"
-srun -n 2 $BUILD/tutti-train ${args[*]} --checkpoint $DIR/requeued.ck --auto-resume
+srun -n 2 $BUILD/tutti-train ${RESTART_ARGS[*]} --checkpoint $DIR/requeued.ck --auto-resume
 rc=\$?
 if [ \$rc -ne 0 ] && [ "\${SLURM_RESTART_COUNT:-0}" = 0 ]; then
   scontrol requeue \$SLURM_JOB_ID && sleep 60  # ended by the requeue
@@ -176,12 +173,7 @@ JOB
   done
   cat "$DIR/job.out"
   [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] || fail "job $job did not end within 120 s"
-  for want in "run 0 of job $job" "no checkpoint at $DIR/requeued.ck yet: starting afresh" \
-    "rank 1: failed at step 12 as TUTTI_TRAINER_FAIL_AT asked" "run 1 of job $job" \
-    "resumed from $DIR/requeued.ck at step 10" "epoch 2/2"; do
-    grep -qF "$want" "$DIR/job.out" || fail "no line '$want' from the job"
-  done
-  cmp "$DIR/straight.ck" "$DIR/requeued.ck" ||
-    fail "the requeued job's last checkpoint differs from the uninterrupted run's"
+  check_restarted "$(cat "$DIR/job.out")" "$DIR/requeued.ck" "$DIR/straight.ck" \
+    "run 0 of job $job" "run 1 of job $job"
 fi
 echo "slurm cluster of $NODES node(s): PASSED"

@@ -13,7 +13,10 @@
 #                             host's name, a loopback address there (127.0.1.1, as Debian
 #                             writes a host's own name); the first host's ranks kept on lo
 #                             (NCCL_SOCKET_IFNAME=lo there): every rank refused at once, told
-#                             why; tutti-train, 2 ranks, at the first host's address
+#                             why; tutti-train, 2 ranks, at the first host's address; and a
+#                             job both agents start again after the second host's rank failed,
+#                             under the c10d rendezvous at the first host's name (each host has a
+#                             name of its own, 127.0.1.1 on itself)
 # Runs in a PID namespace of its own where it can (root), so every agent and rank it starts ends
 # with it, even when killed. Exits 77 (ctest: skipped) without torchrun, or, for two hosts,
 # without root, unshare, nsenter or network namespaces.
@@ -51,27 +54,18 @@ if ((HOSTS == 1)); then
   if [ -n "${LAST_OUT:-}" ]; then
     grep -q "2 local ranks" <<<"$LAST_OUT" || fail "tutti-train did not read LOCAL_WORLD_SIZE"
 
-    # Rank 1 fails at step 12 (save every 5 steps): torchrun ends rank 0 and starts both again,
-    # which continue from step 10, the last checkpoint; a resumed run goes past the failure.
-    args=(--epochs 2 --batch 64 --train-limit 2000 --test-limit 500 --save-every 5)
-    echo "== tutti-run -n 2 tutti-train ${args[*]} (uninterrupted)"
-    timeout 90 "$BUILD/tutti-run" -n 2 "$BUILD/tutti-train" "${args[@]}" \
-      --checkpoint "$DIR/straight.ck" || fail "the uninterrupted run failed"
+    # Rank 1 fails at step 12 (common.sh's RESTART_ARGS): torchrun ends rank 0 and starts both
+    # again, which continue from step 10, the last checkpoint.
+    straight_run "$DIR/straight.ck" "$BUILD/tutti-run" -n 2
     free_pair p4
-    echo "== TUTTI_TRAINER_FAIL_AT=1:12 torchrun --max_restarts 1 tutti-train ${args[*]} --auto-resume"
+    echo "== TUTTI_TRAINER_FAIL_AT=1:12 torchrun --max_restarts 1 tutti-train ${RESTART_ARGS[*]} --auto-resume"
     out="$(TUTTI_TRAINER_FAIL_AT=1:12 timeout 120 "${TR[@]}" --nnodes 1 --nproc_per_node 2 \
-      --master_port "$p4" --max_restarts 1 "$BUILD/tutti-train" "${args[@]}" \
+      --master_port "$p4" --max_restarts 1 "$BUILD/tutti-train" "${RESTART_ARGS[@]}" \
       --checkpoint "$DIR/restarted.ck" --auto-resume 2>&1)"
     rc=$?
     echo "$out"
     ((rc == 0)) || fail "the restarted job exited with $rc"
-    for want in "no checkpoint at $DIR/restarted.ck yet: starting afresh" \
-      "rank 1: failed at step 12 as TUTTI_TRAINER_FAIL_AT asked" \
-      "resumed from $DIR/restarted.ck at step 10" "epoch 2/2"; do
-      grep -qF "$want" <<<"$out" || fail "no line '$want'"
-    done
-    cmp "$DIR/straight.ck" "$DIR/restarted.ck" ||
-      fail "the restarted job's last checkpoint differs from the uninterrupted run's"
+    check_restarted "$out" "$DIR/restarted.ck" "$DIR/straight.ck"
   else
     echo "== no tutti-train built: the restarted job not run"
   fi
@@ -87,16 +81,17 @@ else
   # The first host's name, as Debian and Ubuntu write a host's own name in its /etc/hosts: a
   # loopback address there (127.0.1.1), its network address on the other host. Each host sees
   # its own file, bind-mounted in a mount namespace of its own.
-  FIRST="t${TAG}a"
-  { cat /etc/hosts; echo "127.0.1.1 $FIRST"; } >"$DIR/hosts.a"
-  { cat /etc/hosts; echo "10.231.79.1 $FIRST"; } >"$DIR/hosts.b"
+  # Each host has a name of its own too (a UTS namespace), written the same way in its file.
+  FIRST="t${TAG}a" SECOND="t${TAG}b"
+  { cat /etc/hosts; echo "127.0.1.1 $FIRST"; echo "10.231.79.2 $SECOND"; } >"$DIR/hosts.a"
+  { cat /etc/hosts; echo "10.231.79.1 $FIRST"; echo "127.0.1.1 $SECOND"; } >"$DIR/hosts.b"
   # (nsenter, not `ip netns exec`, which needs a /sys it can mount)
-  on_host() {  # on_host NETNS HOSTS_FILE: the command line that runs what follows there
-    printf '%s\0' nsenter --net="/var/run/netns/$1" unshare --mount --propagation private \
-      sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$2"
+  on_host() {  # on_host NETNS HOSTS_FILE NAME: the command line that runs what follows there
+    printf '%s\0' nsenter --net="/var/run/netns/$1" unshare --mount --uts --propagation private \
+      sh -c 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"' "$2" "$3"
   }
-  mapfile -d '' ON_A < <(on_host "$NSA" "$DIR/hosts.a")
-  mapfile -d '' ON_B < <(on_host "$NSB" "$DIR/hosts.b")
+  mapfile -d '' ON_A < <(on_host "$NSA" "$DIR/hosts.a" "$FIRST")
+  mapfile -d '' ON_B < <(on_host "$NSB" "$DIR/hosts.b" "$SECOND")
   port=29500  # a namespace of its own: nothing else listens there
   # The rendezvous by that name: tutti's root must listen where the second host reaches it.
   NODE=(--nnodes 2 --nproc_per_node 2 --master_addr "$FIRST" --master_port "$port")
@@ -144,6 +139,35 @@ else
     second=$!
     run_train "${ON_A[@]}" "${TR[@]}" "${NODE[@]}" --node_rank 0
     wait "$second" || { cat "$DIR/host2.out"; fail "the second host's rank failed"; }
+
+    # A job torchrun starts again on both hosts, under the c10d rendezvous at the first host's
+    # name (each agent names its host as the host says: the first's name is 127.0.1.1 there,
+    # and MASTER_ADDR is that name): rank 1, on the second host, fails at step 12 (common.sh's
+    # RESTART_ARGS); each agent starts its rank again, and the job ends as the same job does
+    # uninterrupted. (Not as a one-host run: with one rank a host, each rank's BLAS may take
+    # both cores, and its sums may round otherwise.)
+    two_host_job() {  # two_host_job NAME CHECKPOINT ENV...: both agents; output in $DIR/NAME.*
+      local name="$1" ck="$2" rc rc2
+      shift 2
+      local job=("${TR[@]}" --nnodes 2 --nproc_per_node 1 --max_restarts 1 --rdzv_backend c10d
+        --rdzv_endpoint "$FIRST:$((port + 2))" --rdzv_id "tutti-$TAG-$name" "$BUILD/tutti-train"
+        "${RESTART_ARGS[@]}" --checkpoint "$ck" --auto-resume)
+      echo "== $* torchrun (2 hosts, c10d) --max_restarts 1 tutti-train ${RESTART_ARGS[*]} --auto-resume"
+      env "$@" timeout 150 "${ON_B[@]}" "${job[@]}" >"$DIR/$name.b" 2>&1 &
+      local second=$!
+      env "$@" timeout 150 "${ON_A[@]}" "${job[@]}" >"$DIR/$name.a" 2>&1
+      rc=$?
+      wait "$second"
+      rc2=$?
+      cat "$DIR/$name.a"
+      echo "== the second host's agent:"
+      cat "$DIR/$name.b"
+      ((rc == 0 && rc2 == 0)) || fail "the agents of job $name exited with $rc and $rc2"
+    }
+    two_host_job straight "$DIR/straight.ck" TUTTI_TRAINER_FAIL_AT=
+    two_host_job restarted "$DIR/restarted.ck" TUTTI_TRAINER_FAIL_AT=1:12
+    check_restarted "$(cat "$DIR/restarted.a" "$DIR/restarted.b")" "$DIR/restarted.ck" \
+      "$DIR/straight.ck"
   fi
 fi
 echo "torchrun on $HOSTS host(s): PASSED"
