@@ -78,9 +78,16 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
 
 namespace {
 // Every engine whose events exist, in this process: an abort asks whether another
-// communicator's work is in flight on its GPU. Engines leave before their events go.
-std::mutex gEnginesMu;
-std::vector<const DeviceEngine*> gEngines;
+// communicator's work is in flight on its GPU. Engines leave before their events go. Never
+// freed: an engine may go during the process's static destruction.
+struct EngineList {
+  std::mutex mu;
+  std::vector<const DeviceEngine*> engines;
+};
+EngineList& engineList() {
+  static EngineList* list = new EngineList;
+  return *list;
+}
 
 // Whether the stream's work and the event's launch finished (or failed) within `limit`,
 // asking every millisecond: no call that blocks.
@@ -101,8 +108,9 @@ DeviceEngine::~DeviceEngine() {
   // forbids this thread cudaFree and its like (they would fail, and invalidate that capture).
   CaptureModeRelaxed relaxed;
   {
-    std::lock_guard<std::mutex> lock(gEnginesMu);
-    gEngines.erase(std::remove(gEngines.begin(), gEngines.end(), this), gEngines.end());
+    EngineList& l = engineList();
+    std::lock_guard<std::mutex> lock(l.mu);
+    l.engines.erase(std::remove(l.engines.begin(), l.engines.end(), this), l.engines.end());
   }
   if (watch_) peerwatch::remove(watch_);  // before the links go: the watch marks them
   if (stream_) {
@@ -207,9 +215,26 @@ bool DeviceEngine::workPending() const {
 }
 
 bool DeviceEngine::othersBusyOnGpu() const {
-  std::lock_guard<std::mutex> lock(gEnginesMu);
-  for (const DeviceEngine* e : gEngines) {
-    if (e != this && e->comm_.cudaDev() == comm_.cudaDev() && e->workPending()) return true;
+  // Their last launch's end (serial_) alone: it is recorded outside a capture or as an external
+  // node, so a query never touches an open capture (done_ may be recorded in one just before
+  // its doneCaptured_ says so, and the other engine's lock is not held here). Work that ends
+  // within 2 s (another communicator's collective under way) is waited for: only a stuck
+  // kernel leaves this engine's memory to the process's exit.
+  auto pending = [this] {
+    EngineList& l = engineList();
+    std::lock_guard<std::mutex> lock(l.mu);
+    for (const DeviceEngine* e : l.engines) {
+      if (e == this || e->comm_.cudaDev() != comm_.cudaDev() || !e->serial_) continue;
+      const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(e->serial_));
+      if (q != cudaSuccess && q != cudaErrorNotReady) cudaGetLastError();
+      if (q == cudaErrorNotReady) return true;
+    }
+    return false;
+  };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (pending()) {
+    if (std::chrono::steady_clock::now() >= until) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return false;
 }
@@ -239,9 +264,10 @@ Status DeviceEngine::init() {
     *ev = e;
   }
   {
-    std::lock_guard<std::mutex> lock(gEnginesMu);
-    if (std::find(gEngines.begin(), gEngines.end(), this) == gEngines.end())
-      gEngines.push_back(this);
+    EngineList& l = engineList();
+    std::lock_guard<std::mutex> lock(l.mu);
+    if (std::find(l.engines.begin(), l.engines.end(), this) == l.engines.end())
+      l.engines.push_back(this);
   }
   void* p = nullptr;
   void* d = nullptr;

@@ -100,8 +100,8 @@ class DeviceEngine {
   void findP2pBlockCap();
   // Whether this engine's last launch or join has not finished (its events; queries only).
   bool workPending() const;
-  // Whether another communicator's engine in this process has work pending on this GPU: a
-  // cudaFree would wait for it.
+  // Whether another communicator's engine in this process has a launch on this GPU that has
+  // not ended 2 s later: a cudaFree would wait for it.
   bool othersBusyOnGpu() const;
 
   Comm& comm_;

@@ -50,8 +50,9 @@ void releaseEvent(DeviceEvent e) {
 // sibling has passed their group (StreamEntries::entered); the bound is for the rest.
 StreamEntries<DeviceEvent> gShared(8192, releaseEvent);
 
-// The rank of a communicator that last entered a group on a stream, per (communicator, GPU,
-// stream): only to tell a rank that its sends and receives share a stream with a sibling's.
+// The rank of a communicator whose sends and receives last entered a stream outside a group,
+// per (communicator, GPU, stream): only to tell a rank that it shares that stream with a
+// sibling there.
 struct StreamUse {
   uint64_t comm;
   int dev;
@@ -64,7 +65,7 @@ struct StreamUse {
 std::mutex gUseMu;
 std::map<StreamUse, int> gLastUser;
 
-// Records that `rank` entered a group on the stream; returns the rank there before it (-1).
+// Records `rank` as the stream's last user; returns the one before it (-1: none).
 int swapLastUser(const StreamUse& use, int rank) {
   std::lock_guard<std::mutex> lock(gUseMu);
   if (gLastUser.size() > 4096) gLastUser.clear();  // a stale handle only costs a warning
@@ -81,7 +82,12 @@ int swapLastUser(const StreamUse& use, int rank) {
 Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follower) {
   auto own = static_cast<cudaStream_t>(stream_);
   auto stream = static_cast<cudaStream_t>(s);
-  if (groupSiblings_ == 0) {  // none takes part: the stream's order is safe
+  // None takes part: the stream's order is safe. Or sends and receives among siblings in one
+  // group with theirs (runBatches): every rank records its own entry here before any launch of
+  // the group, so none waits behind another's join; a shared entry, keyed by the set of ranks
+  // each names, could match a sibling's from an earlier group (a ring's {0, 1, 2} on rank 1, a
+  // fan-out's on rank 0) and skip the stream work queued since.
+  if (groupSiblings_ == 0 || (grouped && groupPos_.set != 0)) {
     if (direct) return Status::Ok();
     // The own stream waits for what the caller's stream holds now.
     auto e = static_cast<cudaEvent_t>(entry_);
@@ -93,9 +99,9 @@ Status DeviceEngine::enterStream(void* s, bool grouped, bool direct, bool* follo
   static thread_local char tPerThread;
   const void* streamKey = s == cudaStreamPerThread ? &tPerThread : s;
   const StreamEntryKey key{comm_.commHash(), dev, streamKey, groupPos_};
-  const int lastUser = swapLastUser({comm_.commHash(), dev, streamKey}, comm_.rank());
-  if (!grouped && groupPos_.set != 0 && lastUser >= 0 && lastUser != comm_.rank() &&
-      !warnedSharedP2p_) {
+  const int lastUser =
+      groupPos_.set != 0 ? swapLastUser({comm_.commHash(), dev, streamKey}, comm_.rank()) : -1;
+  if (lastUser >= 0 && lastUser != comm_.rank() && !warnedSharedP2p_) {
     // Their entries match only where both name the same ranks (a pair's exchange): in a ring
     // (send to r + 1, receive from r - 1) each rank leads, behind the joins of those before.
     warnedSharedP2p_ = true;

@@ -175,11 +175,14 @@ TEST(GpuStreams, FourRanksSharingOneStreamInOneGroupComplete) {
   }
 }
 
-// The same for sends and receives, where no two ranks' stream entries match (each names
-// other ranks): a ring (each rank sends to the next and receives from the one before: the
-// sets {r - 1, r, r + 1}) and a fan-out (rank 0 to ranks 1 and 2; rank 3 takes no part), one
-// element and 16 MiB (past the 4 MiB FIFO, so a send waits for its receiver too). Each rank
-// led on the shared stream before, and the first kernel there waited for one queued behind it.
+// The same for sends and receives, where the ranks name different peers: a ring (each rank
+// sends to the next and receives from the one before: the sets {r - 1, r, r + 1}) and a fan-out
+// (rank 0 to ranks 1 and 2; rank 3 takes no part), one element and 16 MiB (past the 4 MiB
+// FIFO, so a send waits for its receiver too). Their entries, shared by the set of ranks each
+// names, did not match: each rank led on the shared stream, and the first kernel there waited
+// for one queued behind it. Between the two groups a copy on the stream rewrites rank 0's send
+// buffer, which the fan-out must send: rank 0's set in the fan-out, {0, 1, 2}, is rank 1's in
+// the ring, whose entry (before the ring) it would have taken.
 TEST(GpuStreams, FourRanksSendingRoundARingOnOneStreamInOneGroupComplete) {
   SKIP_WITHOUT_GPU();
   constexpr int n = 4;
@@ -205,6 +208,10 @@ TEST(GpuStreams, FourRanksSendingRoundARingOnOneStreamInOneGroupComplete) {
                 ncclSuccess);
     }
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    for (size_t i = 0; i < count; ++i) in.staging[0][i] = 7.0f;  // in stream order, no wait
+    ASSERT_EQ(cudaMemcpyAsync(in.bufs[0], in.staging[0], count * sizeof(float),
+                              cudaMemcpyHostToDevice, stream),
+              cudaSuccess);
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int q : {1, 2}) {
       EXPECT_EQ(ncclSend(in.bufs[0], count, ncclFloat, q, comms[0], stream), ncclSuccess);
@@ -216,7 +223,7 @@ TEST(GpuStreams, FourRanksSendingRoundARingOnOneStreamInOneGroupComplete) {
     for (int r = 0; r < n; ++r) {
       EXPECT_EQ(ring.check(r, float((r + n - 1) % n + 1), stream), "") << "count " << count;
     }
-    for (int q : {1, 2}) EXPECT_EQ(fan.check(q, 1.0f, stream), "") << "count " << count;
+    for (int q : {1, 2}) EXPECT_EQ(fan.check(q, 7.0f, stream), "") << "count " << count;
     EXPECT_EQ(fan.check(3, -1.0f, stream), "") << "count " << count;
   }
 }
