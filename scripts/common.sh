@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by scripts/demo and scripts/test: install what is missing, then configure and build.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -9,8 +10,10 @@ PACKAGES=(cmake g++ ninja-build ccache pkg-config libgtest-dev libgmock-dev libb
           # the comparison harness (bench/compare): Open MPI, Gloo, gnuplot
           openmpi-bin libopenmpi-dev libgloo-dev gnuplot-nox)
 # What scripts/test needs beyond: launchers the tests start for real (tests/launch): Slurm
-# clusters, MPICH's Hydra (Open MPI's mpirun stays the default mpirun), torchrun.
-TEST_PACKAGES=(slurmd slurmctld slurm-client munge mpich python3-torch)
+# clusters, MPICH's Hydra (Open MPI's mpirun stays the default mpirun), torchrun; and shellcheck
+# (lint.shellcheck).
+# shellcheck disable=SC2034  # read by scripts/test
+TEST_PACKAGES=(slurmd slurmctld slurm-client munge mpich python3-torch shellcheck)
 
 # install_deps [MORE_PACKAGES...]: PACKAGES and these, where missing.
 install_deps() {

@@ -11,6 +11,8 @@ test -f "$work/prefix/include/nccl.h" && test -f "$work/prefix/include/tutti.h"
 cmake -S "$consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/build" >/dev/null
 LD_LIBRARY_PATH="$work/prefix/lib" "$work/build/consumer"
+# (pkg-config's flags, a word each)
+# shellcheck disable=SC2046
 PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig" c++ "$consumer/main.cc" -o "$work/pc" \
   $(PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig" pkg-config --cflags --libs tutti)
 LD_LIBRARY_PATH="$work/prefix/lib" "$work/pc"

@@ -94,7 +94,9 @@ sys.exit("no free pair of ports")')" || fail "no free pair of ports"
 
 # What each launch runs after the launcher's own words (a launcher started on other hosts by
 # the caller itself passes these too).
+# shellcheck disable=SC2034  # read by the scripts that source this one
 PERF_ARGS=(all_reduce -b 8 -e 1M -f 32 -n 3 -w 1)
+# shellcheck disable=SC2034
 TRAIN_ARGS=(--epochs 1 --batch 64 --train-limit 4000 --test-limit 500)
 
 # A job started again after a failure: 2 ranks of tutti-train saving every 5 steps, whose rank 1

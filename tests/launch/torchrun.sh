@@ -20,6 +20,7 @@
 # Runs in a PID namespace of its own where it can (root), so every agent and rank it starts ends
 # with it, even when killed. Exits 77 (ctest: skipped) without torchrun, or, for two hosts,
 # without root, unshare, nsenter or network namespaces.
+# shellcheck disable=SC2154  # free_pair sets p1 ... p4 (printf -v)
 set -uo pipefail
 # shellcheck disable=SC2034  # read by common.sh
 BUILD="$1"
