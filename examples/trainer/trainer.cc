@@ -207,6 +207,11 @@ bool Run::initState() {
         meta[0] = 0;
         err = path + " holds an MLP " + dimsText(ck.dims) + ", this run builds " +
               dimsText(model_->dims()) + " (check --hidden)";
+      } else if (ck.params.size() != n || ck.momentum.size() != n) {  // never past the buffers
+        meta[0] = 0;
+        err = path + " holds " + std::to_string(ck.params.size()) + " parameters and " +
+              std::to_string(ck.momentum.size()) + " momentum values; this MLP has " +
+              std::to_string(n);
       } else {
         if (ck.global_batch != o_.batch || ck.seed != o_.seed) {
           say("warning: %s was written with --batch %lld --seed %llu; this run uses --batch %d "
@@ -219,8 +224,7 @@ bool Run::initState() {
           say("warning: %s was written training on %lld samples; this run trains on %d (check "
               "--train-limit and --data), so step %lld falls elsewhere in the data and the run "
               "does not continue the same trajectory\n",
-              path.c_str(), (long long)ck.train_samples, data_->train.count,
-              (long long)ck.step);
+              path.c_str(), (long long)ck.train_samples, data_->train.count, (long long)ck.step);
         }
         params_ = std::move(ck.params);
         momentum_ = std::move(ck.momentum);
@@ -238,11 +242,13 @@ bool Run::initState() {
   }
   resumed_ = meta[3] != 0;
   if (gpu_) {
-    // Rank 0's state goes up to its GPU and out from there, GPU to GPU.
-    if (!gpu_->upload(params_.data(), resumed_ ? momentum_.data() : nullptr, &err) ||
-        !gpu_->broadcast(resumed_, &err)) {
-      return fail("rank " + std::to_string(rank_) + ": " + err);
-    }
+    // Rank 0's state goes up to its GPU and out from there, GPU to GPU. Every rank learns
+    // whether every upload worked first: a rank that failed alone would leave the others in the
+    // broadcast until TUTTI_TIMEOUT.
+    const bool up = gpu_->upload(params_.data(), resumed_ ? momentum_.data() : nullptr, &err);
+    if (!up) res_.error = "rank " + std::to_string(rank_) + ": " + err;
+    if (!allOk(comm_, up, &err)) return up ? fail(err) : false;
+    if (!gpu_->broadcast(resumed_, &err)) return fail("rank " + std::to_string(rank_) + ": " + err);
   } else if ((rc = ncclBroadcast(params_.data(), params_.data(), n, ncclFloat32, 0, comm_,
                                  nullptr)) != ncclSuccess) {
     return fail(ncclError("broadcasting the parameters", rc, comm_));
@@ -270,7 +276,7 @@ void Run::gatherMicroBatch(const std::vector<int>& perm, int64_t index_in_epoch,
 // One optimizer step: k micro-batches of this rank's shard, gradient averaging, SGD update.
 bool Run::step(const std::vector<int>& perm, int64_t index_in_epoch, double* loss, int64_t* right) {
   if (step_ == fail_at_step_ && !resumed_) {  // TUTTI_TRAINER_FAIL_AT (setUp)
-    if (gpu_) gpu_->abandon();   // as after a CUDA error: the others' kernels wait for it
+    if (gpu_) gpu_->abandon();  // as after a CUDA error: the others' kernels wait for it
     return fail("rank " + std::to_string(rank_) + ": failed at step " + std::to_string(step_) +
                 " as TUTTI_TRAINER_FAIL_AT asked");
   }

@@ -114,6 +114,26 @@ TEST(TrainerGpu, AccumulationBf16AndResumeOnTheGpu) {
   expectAllOk(resumed);
   EXPECT_EQ(resumed[0].steps, 4);
   EXPECT_LT(relativeDiff(whole[0].params, resumed[0].params, init), 1e-5);
+  // Every rank took rank 0's momentum too (a rank left with zeros drifts from step 3 on).
+  expectReplicasIdentical(resumed);
+  std::remove(ck.c_str());
+
+  // The same with --auto-resume: no file yet, so the first attempt starts afresh on every
+  // rank; the second finds the checkpoint and every rank resumes from it.
+  Options autoFirst = first;
+  autoFirst.auto_resume = true;
+  std::vector<TrainResult> fresh = runRanks(2, autoFirst);
+  expectAllOk(fresh);
+  EXPECT_EQ(fresh[0].steps, 2);
+  expectReplicasIdentical(fresh);
+  Options autoSecond = o;
+  autoSecond.checkpoint = ck;
+  autoSecond.auto_resume = true;
+  std::vector<TrainResult> autoResumed = runRanks(2, autoSecond);
+  expectAllOk(autoResumed);
+  EXPECT_EQ(autoResumed[0].steps, 4);
+  EXPECT_LT(relativeDiff(whole[0].params, autoResumed[0].params, init), 1e-5);
+  expectReplicasIdentical(autoResumed);
   std::remove(ck.c_str());
 }
 
