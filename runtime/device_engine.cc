@@ -34,28 +34,13 @@ namespace tutti {
 
 #ifdef TUTTI_HAVE_CUDA
 
-namespace {
-
-// The most ranks on one GPU. Every rank derives this from the shared peer table, so all agree
-// on channel counts.
-int ranksPerDevice(const Comm& comm) {
-  int most = 1;
-  for (const PeerInfo& p : comm.peers()) {
-    int same = 0;
-    for (const PeerInfo& q : comm.peers()) same += sameGpu(q, p);
-    most = std::max(most, same);
-  }
-  return most;
-}
-
-}  // namespace
-
 DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
-  shared_ = ranksPerDevice(comm);
   // Ranks sharing a GPU each hold their blocks for a whole kernel while they wait for the
   // others: keep the total within half of what the GPU runs at once (deviceChannelCap; a MIG
   // slice or a small GPU runs fewer). Below that, more channels means more SMs moving bytes.
-  const int cap = deviceChannelCap(comm.peers().data(), comm.peers().size());
+  // The same pass counts the most ranks on one GPU (shared_); every rank derives both from
+  // the shared peer table, so all agree on channel counts.
+  const int cap = deviceChannelCap(comm.peers().data(), comm.peers().size(), &shared_);
   // The planner's settings as this rank told the others at init (they must agree: prepare()
   // refuses every operation where they do not).
   const DeviceSettings& d = comm.peers()[size_t(comm.rank())].device;
@@ -89,17 +74,32 @@ EngineList& engineList() {
   return *list;
 }
 
-// Whether the stream's work and the event's launch finished (or failed) within `limit`,
-// asking every millisecond: no call that blocks.
-bool finishedWithin(cudaStream_t stream, cudaEvent_t event, std::chrono::milliseconds limit) {
+// Whether pending() turned false within `limit`, asking every millisecond: no call that blocks.
+template <class Pending>
+bool endsWithin(std::chrono::milliseconds limit, Pending&& pending) {
   const auto until = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    const bool pending = cudaStreamQuery(stream) == cudaErrorNotReady ||
-                         (event && cudaEventQuery(event) == cudaErrorNotReady);
-    if (!pending) return true;
+  while (pending()) {
     if (std::chrono::steady_clock::now() >= until) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  return true;
+}
+
+// Whether the stream's work and the event's launch finished (or failed) within `limit`.
+bool finishedWithin(cudaStream_t stream, cudaEvent_t event, std::chrono::milliseconds limit) {
+  return endsWithin(limit, [&] {
+    return cudaStreamQuery(stream) == cudaErrorNotReady ||
+           (event && cudaEventQuery(event) == cudaErrorNotReady);
+  });
+}
+
+// Whether the event's last record has yet to complete (a failed query counts as done; its error
+// is cleared).
+bool eventPending(void* ev) {
+  if (!ev) return false;
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
+  if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError();
+  return e == cudaErrorNotReady;
 }
 }  // namespace
 
@@ -197,21 +197,12 @@ void DeviceEngine::noteAbort() {
       DeviceGuard guard(comm_.cudaDev());
       // Relaxed: a query from this thread must not disturb another thread's graph capture.
       CaptureModeRelaxed relaxed;
-      busy = !kernelError().ok() || workPending();
+      // done_ last recorded in a capture that may still be open: a query would break it.
+      busy =
+          !kernelError().ok() || (!doneCaptured_ && eventPending(done_)) || eventPending(serial_);
     }
   }
   busyAtAbort_.store(busy, std::memory_order_release);
-}
-
-bool DeviceEngine::workPending() const {
-  auto pending = [](void* ev) {
-    if (!ev) return false;
-    const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
-    if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError();
-    return e == cudaErrorNotReady;
-  };
-  // done_ last recorded in a capture that may still be open: a query would break it.
-  return (!doneCaptured_ && pending(done_)) || pending(serial_);
 }
 
 bool DeviceEngine::othersBusyOnGpu() const {
@@ -220,23 +211,15 @@ bool DeviceEngine::othersBusyOnGpu() const {
   // its doneCaptured_ says so, and the other engine's lock is not held here). Work that ends
   // within 2 s (another communicator's collective under way) is waited for: only a stuck
   // kernel leaves this engine's memory to the process's exit.
-  auto pending = [this] {
+  return !endsWithin(std::chrono::seconds(2), [this] {
     EngineList& l = engineList();
     std::lock_guard<std::mutex> lock(l.mu);
     for (const DeviceEngine* e : l.engines) {
-      if (e == this || e->comm_.cudaDev() != comm_.cudaDev() || !e->serial_) continue;
-      const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(e->serial_));
-      if (q != cudaSuccess && q != cudaErrorNotReady) cudaGetLastError();
-      if (q == cudaErrorNotReady) return true;
+      if (e != this && e->comm_.cudaDev() == comm_.cudaDev() && eventPending(e->serial_))
+        return true;
     }
     return false;
-  };
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (pending()) {
-    if (std::chrono::steady_clock::now() >= until) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return false;
+  });
 }
 
 Status DeviceEngine::cudaCheck(const char* what, int err) const {

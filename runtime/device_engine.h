@@ -98,8 +98,6 @@ class DeviceEngine {
   Status checkOwnCapture() const;
   // Sets p2pCap_ once.
   void findP2pBlockCap();
-  // Whether this engine's last launch or join has not finished (its events; queries only).
-  bool workPending() const;
   // Whether another communicator's engine in this process has a launch on this GPU that has
   // not ended 2 s later: a cudaFree would wait for it.
   bool othersBusyOnGpu() const;

@@ -110,16 +110,18 @@ bool sameGpu(const PeerInfo& a, const PeerInfo& b) {
   return memcmp(a.gpuUuid, b.gpuUuid, sizeof(a.gpuUuid)) == 0;
 }
 
-int deviceChannelCap(const PeerInfo* peers, size_t n) {
-  int cap = kSharedGpuBlocks;
+int deviceChannelCap(const PeerInfo* peers, size_t n, int* mostOnOneGpu) {
+  int cap = kSharedGpuBlocks, most = 1;
   for (size_t i = 0; i < n; ++i) {
     const PeerInfo& p = peers[i];
     if (p.cudaDev < 0) continue;
     int sharing = 0;
     for (size_t j = 0; j < n; ++j) sharing += sameGpu(peers[j], p);
+    most = std::max(most, sharing);
     const int blocks = p.gpuSms > 0 ? std::min(kSharedGpuBlocks, p.gpuSms / 2) : kSharedGpuBlocks;
     cap = std::min(cap, blocks / std::max(sharing, 1));
   }
+  if (mostOnOneGpu) *mostOnOneGpu = most;
   return std::max(cap, 1);
 }
 

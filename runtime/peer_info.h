@@ -63,8 +63,9 @@ Status checkDeviceSettingsAgree(const PeerInfo* peers, size_t n);
 inline constexpr int kSharedGpuBlocks = 64;
 // The channels (a block each) every GPU rank's collectives may take: on each GPU, its blocks
 // divided among the ranks there; the least over every GPU of the communicator, so that every
-// rank plans alike (the plans must meet). At least 1; kSharedGpuBlocks where no GPU rank.
-int deviceChannelCap(const PeerInfo* peers, size_t n);
+// rank plans alike (the plans must meet). At least 1; kSharedGpuBlocks where no GPU rank. The
+// same pass counts the most ranks on one GPU (at least 1) into *mostOnOneGpu, where given.
+int deviceChannelCap(const PeerInfo* peers, size_t n, int* mostOnOneGpu = nullptr);
 
 // Whether two ranks use one GPU (the same MIG instance, under MIG): both GPU ranks on one host
 // with the same bus id and UUID (a UUID that could not be read, all zeros, is not compared).
