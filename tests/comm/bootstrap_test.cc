@@ -17,6 +17,13 @@ using tutti::test::onThreads;
 
 namespace {
 
+// A listener on 127.0.0.1, at a port the kernel picks.
+Result<net::Socket> listenOnLoopback() {
+  net::SockAddr any = net::parseHostPort("127.0.0.1:1").value();
+  any.setPort(0);
+  return net::Socket::listen(any);
+}
+
 std::vector<std::unique_ptr<Bootstrap>> formRing(int n, const wire::UniqueId& id) {
   std::vector<std::unique_ptr<Bootstrap>> b(static_cast<size_t>(n));
   std::vector<std::string> err(static_cast<size_t>(n));
@@ -115,9 +122,7 @@ TEST(Bootstrap, MessageSizeMismatchIsAnError) {
 // says so, naming the address, whether that program drops the connection or answers nonsense.
 TEST(Bootstrap, AnotherProgramAtTheRootsAddressIsNamed) {
   for (bool answers : {false, true}) {
-    net::SockAddr any = net::parseHostPort("127.0.0.1:1").value();
-    any.setPort(0);
-    auto l = net::Socket::listen(any);
+    auto l = listenOnLoopback();
     ASSERT_TRUE(l.ok());
     const std::string addr = "127.0.0.1:" + std::to_string(l.value().localAddr().value().port());
     std::thread other([&] {
@@ -160,9 +165,7 @@ TEST(Bootstrap, AnotherProgramAtTheRootsAddressIsNamed) {
 // not on loopback. Without the launcher saying so, all stays on loopback.
 TEST(Bootstrap, ALoopbackRendezvousOfAJobOnSeveralHostsIsReachableFromThem) {
   auto freePort = [] {
-    net::SockAddr any = net::parseHostPort("127.0.0.1:1").value();
-    any.setPort(0);
-    auto l = net::Socket::listen(any);
+    auto l = listenOnLoopback();
     return l.ok() ? l.value().localAddr().value().port() : 0;
   };
   for (bool spans : {true, false}) {

@@ -3,6 +3,7 @@
 # which gives PMI_RANK, PMI_SIZE and MPI_LOCALRANKID, and no job id: the rendezvous comes from
 # -genv NCCL_COMM_ID, and without one every rank says how to pass it.
 #   mpich_hydra.sh BUILD_DIR      exits 77 (ctest: skipped) without mpiexec.hydra
+# shellcheck disable=SC2154  # free_pair sets port (printf -v)
 set -uo pipefail
 # shellcheck disable=SC2034  # read by common.sh
 BUILD="$1"
@@ -11,7 +12,7 @@ unset NCCL_COMM_ID MASTER_ADDR MASTER_PORT TUTTI_PORT RANK WORLD_SIZE
 fail() { echo "FAILED: $*"; exit 1; }
 source "$(dirname "$0")/common.sh"
 own_namespaces "$0" "$@"  # (ports of its own where it can; else as it is)
-port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+free_pair port
 
 run_perf 3 mpiexec.hydra -n 3 -genv NCCL_COMM_ID "127.0.0.1:$port"
 run_train mpiexec.hydra -n 2 -genv NCCL_COMM_ID "127.0.0.1:$port"
