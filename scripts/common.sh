@@ -30,8 +30,10 @@ install_deps() {
   fi
 }
 
+# build [CMAKE_BUILD_ARGS...]: configure BUILD_DIR (with CMAKE_ARGS) and build it (all, or e.g.
+# --target NAME).
 build() {
   echo "== building in $BUILD_DIR"
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${CMAKE_ARGS:-} >/dev/null
-  cmake --build "$BUILD_DIR" -j "$(nproc)"
+  cmake --build "$BUILD_DIR" -j "$(nproc)" "$@"
 }

@@ -1,0 +1,127 @@
+// An emulated CUDA runtime for the GPU tests on machines without a GPU (TUTTI_CUDA=EMU): the
+// cuda* calls libtutti and tests/gpu make, implemented on CPU threads with the toolkit's own
+// headers and signatures, so that the host side of the GPU path -- streams, events, the launch
+// order, captures, the links' memory, IPC between processes, abort and teardown -- runs in CI.
+// The kernels are the library's own source compiled for the host (kernels/cuda/dev_emu.h).
+//
+// What it models, and how far:
+// - devices: TUTTI_EMU_GPUS of them (1 unless set), each with TUTTI_EMU_SMS "SMs" (132 unless
+//   set: an H100 SXM's or an H200's) of one resident block each; a block waits for a free one
+//   before it starts, so blocks that wait for blocks which cannot become resident hang here as
+//   on a GPU;
+// - a block runs TUTTI_EMU_THREADS CPU threads (2 unless set), whatever blockDim says;
+// - streams: one worker thread each, running its work in order; the legacy default stream
+//   and blocking streams wait for each other; cudaStreamPerThread is a blocking stream of each
+//   thread; events, host functions, copies and sets in stream order;
+// - memory: device memory is host memory in a memfd (so that cudaIpc* handles open it in other
+//   processes); cudaFree waits for the device's work as CUDA's does; page-locked host memory
+//   is mapped; cudaPointerGetAttributes knows what each allocation is;
+// - captures: see cudaemu_graph.cc.
+// What it does not: the GPU's memory model and timing (performance means nothing here), the
+// hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), blocks resident across processes, MIG, and
+// faults (an illegal address is a crash of the test, not a sticky error).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace cudaemu {
+
+struct Capture;
+
+// Work queued on a stream, or a node of a captured graph: run() does it, in the worker's
+// thread (a wait blocks there).
+using Work = std::function<void()>;
+
+struct Stream {
+  int device = 0;
+  bool blocking = true;  // waits for and is waited for by the legacy default stream
+  bool legacy = false;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Work> queue;
+  uint64_t queued = 0, done = 0;  // counts of work items
+  bool destroyed = false;
+
+  // Graph capture (cudaemu_graph.cc): the capture this stream records into, or null, and the
+  // nodes its next work depends on. Guarded by the capture registry's lock.
+  std::shared_ptr<Capture> capture;
+  std::vector<int> deps;
+
+  // Waits until the first n items queued have run.
+  void waitFor(uint64_t n);
+};
+using StreamPtr = std::shared_ptr<Stream>;
+
+struct Event {
+  unsigned flags = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0, completed = 0;  // generations: the latest record, the latest done
+  double ms = 0;                         // when the latest completed record ran
+  // Recorded in a capture: the capture and the nodes the record stood after.
+  std::shared_ptr<Capture> capture;
+  std::vector<int> captureDeps;
+};
+using EventPtr = std::shared_ptr<Event>;
+
+struct Device {
+  int id = 0;
+  int sms = 132;
+  std::mutex mu;
+  std::condition_variable cv;
+  int freeSlots = 132;
+  StreamPtr legacyStream;
+  std::vector<std::weak_ptr<Stream>> streams;  // every stream of the device, for syncs
+  bool peerEnabled[64] = {};
+};
+
+// ---- shared state (cudaemu_streams.cc) ----------------------------------------------------
+int deviceCount();
+Device& device(int id);
+int currentDevice();
+void setCurrentDevice(int id);
+int threadsPerBlock();
+// The stream a handle names (0 and cudaStreamLegacy: the current device's legacy stream;
+// cudaStreamPerThread: this thread's), or null for a handle that is not a live stream.
+StreamPtr resolve(cudaStream_t s);
+EventPtr findEvent(cudaEvent_t e);
+// Queues work on s (into its capture where s captures), after the legacy stream's or the
+// blocking streams' earlier work as CUDA's default-stream rules say.
+cudaError_t enqueue(const StreamPtr& s, Work w);
+// Waits for everything queued so far on the device's streams.
+void synchronizeDevice(int id);
+// Runs a kernel's blocks on the device (waiting for resident slots); returns when all ended.
+void runBlocks(int device, unsigned blocks, const std::function<void()>& body);
+
+// ---- errors (cudaemu_device.cc) -----------------------------------------------------------
+// Records e as this thread's last error where it is one, and returns it.
+cudaError_t fail(cudaError_t e);
+// Whether this thread may make a call that CUDA forbids during a capture in global or
+// thread-local mode (it invalidates the capture and fails where not).
+bool captureAllowsUnsafeCall();
+
+// ---- captures (cudaemu_graph.cc) ----------------------------------------------------------
+// Adds w as a node of s's capture (*captured: whether s captures); an error where the capture
+// was invalidated, or where work on the legacy stream would wait for a capturing stream.
+cudaError_t captureWork(const StreamPtr& s, const Work& w, bool* captured);
+// Whether s captures; a capture asked for this way (a synchronization, a query) is invalidated.
+bool refuseCapturing(const StreamPtr& s);
+bool capturing(const StreamPtr& s);
+// The capture-side of cudaEventRecord / cudaStreamWaitEvent on a capturing stream or a
+// captured event; cudaSuccess with *handled false where neither captures.
+cudaError_t captureRecord(const EventPtr& e, const StreamPtr& s, bool external, bool* handled);
+cudaError_t captureWait(const StreamPtr& s, const EventPtr& e, bool external, bool* handled);
+// Marks an event's record `generation` done, and work that waits for it.
+void completeRecord(const EventPtr& e, uint64_t generation);
+Work waitWork(const EventPtr& e, uint64_t generation);
+
+}  // namespace cudaemu

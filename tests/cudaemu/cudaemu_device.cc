@@ -1,0 +1,175 @@
+// The emulated CUDA runtime (cudaemu.h): the devices' properties, the current device, and
+// errors.
+#include <cstdio>
+#include <cstring>
+
+#include "tests/cudaemu/cudaemu.h"
+
+namespace cudaemu {
+namespace {
+
+thread_local cudaError_t tLastError = cudaSuccess;
+
+bool validDevice(int d) { return d >= 0 && d < deviceCount(); }
+
+// Bus 0x10 + d: distinct, and parseable back.
+void formatBusId(char* out, int len, int d) { snprintf(out, size_t(len), "0000:%02x:00.0", 0x10 + d); }
+
+}  // namespace
+
+cudaError_t fail(cudaError_t e) {
+  if (e != cudaSuccess && e != cudaErrorNotReady) tLastError = e;
+  return e;
+}
+
+}  // namespace cudaemu
+
+using namespace cudaemu;
+
+extern "C" {
+
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = tLastError;
+  tLastError = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return tLastError; }
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+#define NAME(x) \
+  case x:       \
+    return #x;
+    NAME(cudaSuccess)
+    NAME(cudaErrorInvalidValue)
+    NAME(cudaErrorMemoryAllocation)
+    NAME(cudaErrorInvalidConfiguration)
+    NAME(cudaErrorInvalidDevice)
+    NAME(cudaErrorInvalidDeviceFunction)
+    NAME(cudaErrorInvalidResourceHandle)
+    NAME(cudaErrorNoDevice)
+    NAME(cudaErrorNotReady)
+    NAME(cudaErrorPeerAccessAlreadyEnabled)
+    NAME(cudaErrorHostMemoryAlreadyRegistered)
+    NAME(cudaErrorHostMemoryNotRegistered)
+    NAME(cudaErrorDeviceUninitialized)
+    NAME(cudaErrorMapBufferObjectFailed)
+    NAME(cudaErrorStreamCaptureUnsupported)
+    NAME(cudaErrorStreamCaptureInvalidated)
+    NAME(cudaErrorStreamCaptureUnjoined)
+    NAME(cudaErrorStreamCaptureIsolation)
+    NAME(cudaErrorStreamCaptureImplicit)
+    NAME(cudaErrorStreamCaptureWrongThread)
+    NAME(cudaErrorIllegalState)
+    NAME(cudaErrorNotSupported)
+#undef NAME
+    default:
+      return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  static thread_local char buf[96];
+  snprintf(buf, sizeof(buf), "%s (emulated CUDA runtime)", cudaGetErrorName(e));
+  return e == cudaSuccess ? "no error" : buf;
+}
+
+cudaError_t cudaGetDeviceCount(int* n) {
+  if (!n) return fail(cudaErrorInvalidValue);
+  *n = deviceCount();
+  return deviceCount() > 0 ? cudaSuccess : fail(cudaErrorNoDevice);
+}
+
+cudaError_t cudaGetDevice(int* d) {
+  if (!d) return fail(cudaErrorInvalidValue);
+  if (deviceCount() == 0) return fail(cudaErrorNoDevice);
+  *d = currentDevice();
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int d) {
+  if (!validDevice(d)) return fail(cudaErrorInvalidDevice);
+  setCurrentDevice(d);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+  if (!p) return fail(cudaErrorInvalidValue);
+  if (!validDevice(d)) return fail(cudaErrorInvalidDevice);
+  memset(p, 0, sizeof(*p));
+  snprintf(p->name, sizeof(p->name), "tutti emulated GPU %d", d);
+  for (int i = 0; i < 16; ++i) p->uuid.bytes[i] = char(0xe0 + (i == 15 ? d : i));
+  p->totalGlobalMem = size_t(16) << 30;
+  p->multiProcessorCount = device(d).sms;
+  p->maxThreadsPerBlock = 1024;
+  p->warpSize = 32;
+  p->major = 9;
+  p->minor = 0;
+  p->pciBusID = 0x10 + d;
+  p->unifiedAddressing = 1;
+  p->canMapHostMemory = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
+  if (!v) return fail(cudaErrorInvalidValue);
+  if (!validDevice(d)) return fail(cudaErrorInvalidDevice);
+  switch (a) {
+    case cudaDevAttrMultiProcessorCount:
+      *v = device(d).sms;
+      return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *v = 1024;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *v = 9;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *v = 0;
+      return cudaSuccess;
+    case cudaDevAttrUnifiedAddressing:
+    case cudaDevAttrCanMapHostMemory:
+      *v = 1;
+      return cudaSuccess;
+    default:
+      return fail(cudaErrorInvalidValue);
+  }
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char* out, int len, int d) {
+  if (!out || len < 13) return fail(cudaErrorInvalidValue);
+  if (!validDevice(d)) return fail(cudaErrorInvalidDevice);
+  formatBusId(out, len, d);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetByPCIBusId(int* d, const char* id) {
+  if (!d || !id) return fail(cudaErrorInvalidValue);
+  for (int i = 0; i < deviceCount(); ++i) {
+    char buf[32];
+    formatBusId(buf, sizeof(buf), i);
+    if (strcasecmp(buf, id) == 0) {
+      *d = i;
+      return cudaSuccess;
+    }
+  }
+  return fail(cudaErrorInvalidDevice);
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int* can, int d, int peer) {
+  if (!can) return fail(cudaErrorInvalidValue);
+  if (!validDevice(d) || !validDevice(peer)) return fail(cudaErrorInvalidDevice);
+  *can = d != peer;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  if (flags != 0) return fail(cudaErrorInvalidValue);
+  if (!validDevice(peer) || peer == currentDevice() || peer >= 64) return fail(cudaErrorInvalidDevice);
+  Device& d = device(currentDevice());
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.peerEnabled[peer]) return fail(cudaErrorPeerAccessAlreadyEnabled);
+  d.peerEnabled[peer] = true;
+  return cudaSuccess;
+}
+
+}  // extern "C"
