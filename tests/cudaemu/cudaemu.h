@@ -12,14 +12,22 @@
 // - a block runs TUTTI_EMU_THREADS CPU threads (2 unless set), whatever blockDim says;
 // - streams: one worker thread each, running its work in order; the legacy default stream
 //   and blocking streams wait for each other; cudaStreamPerThread is a blocking stream of each
-//   thread; events, host functions, copies and sets in stream order;
+//   thread; events with a generation per record (a wait is for the latest record when asked,
+//   and for that one alone), host functions (one at a time in the process, as CUDA may run
+//   them), copies and sets in stream order, and cudaMemcpy / cudaMemset returning when CUDA
+//   documents they return (before the bytes land, for a pageable source or a device target);
 // - memory: device memory is host memory in a memfd (so that cudaIpc* handles open it in other
-//   processes); cudaFree waits for the device's work as CUDA's does; page-locked host memory
-//   is mapped; cudaPointerGetAttributes knows what each allocation is;
+//   processes), filled with 0xa5 bytes, not zeros; cudaFree waits for the device's work as
+//   CUDA's does, and so, unless TUTTI_EMU_ALLOC_SYNC=0, do the calls CUDA may make wait
+//   (cudaMalloc, cudaHostRegister ...); page-locked host memory is mapped;
+//   cudaPointerGetAttributes knows what each allocation is; a kernel launched on a stream of
+//   another device than the current one, or an event recorded on one, is refused;
 // - captures: see cudaemu_graph.cc.
 // What it does not: the GPU's memory model and timing (performance means nothing here), the
-// hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), blocks resident across processes, MIG, and
-// faults (an illegal address is a crash of the test, not a sticky error).
+// hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), blocks resident across processes or taken by
+// the application's own kernels, occupancy above one block per SM, the order in which waiting
+// kernels get free SMs, peer access, MIG, and faults (an illegal address is a crash of the
+// test, not a sticky error).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -30,6 +38,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 namespace cudaemu {
@@ -56,20 +65,30 @@ struct Stream {
   std::shared_ptr<Capture> capture;
   std::vector<int> deps;
 
-  // Waits until the first n items queued have run.
+  // Waits until the first n items queued have run; how many are queued so far.
   void waitFor(uint64_t n);
+  uint64_t queuedSoFar();
 };
 using StreamPtr = std::shared_ptr<Stream>;
 
 struct Event {
+  int device = 0;
   unsigned flags = 0;
   std::mutex mu;
   std::condition_variable cv;
-  uint64_t recorded = 0, completed = 0;  // generations: the latest record, the latest done
-  double ms = 0;                         // when the latest completed record ran
-  // Recorded in a capture: the capture and the nodes the record stood after.
+  // Generations: the latest record (0: none); every one up to doneBelow has run, and those in
+  // doneAbove past it (records on different streams end in any order). A wait is for one
+  // record, the latest when it was asked.
+  uint64_t recorded = 0, doneBelow = 0;
+  std::set<uint64_t> doneAbove;
+  double ms = 0;  // when record msOf ran
+  uint64_t msOf = 0;
+  // Recorded in a capture (not external): the capture and the nodes the record stood after;
+  // nothing once that capture has ended.
   std::shared_ptr<Capture> capture;
   std::vector<int> captureDeps;
+
+  bool isDone(uint64_t g) const { return g <= doneBelow || doneAbove.count(g) != 0; }
 };
 using EventPtr = std::shared_ptr<Event>;
 
@@ -116,12 +135,22 @@ cudaError_t captureWork(const StreamPtr& s, const Work& w, bool* captured);
 // Whether s captures; a capture asked for this way (a synchronization, a query) is invalidated.
 bool refuseCapturing(const StreamPtr& s);
 bool capturing(const StreamPtr& s);
+// Whether a blocking stream of the device captures, so that the legacy stream (which would
+// wait for it) may not be synchronized or asked about; such captures are invalidated.
+bool legacyBlockedByCapture(int device);
+// Whether any stream of the device captures (cudaDeviceSynchronize is invalid then).
+bool deviceCapturing(int device);
 // The capture-side of cudaEventRecord / cudaStreamWaitEvent on a capturing stream or a
 // captured event; cudaSuccess with *handled false where neither captures.
 cudaError_t captureRecord(const EventPtr& e, const StreamPtr& s, bool external, bool* handled);
 cudaError_t captureWait(const StreamPtr& s, const EventPtr& e, bool external, bool* handled);
-// Marks an event's record `generation` done, and work that waits for it.
+// Marks an event's record `generation` done, and work that waits for it (cudaemu_events.cc).
 void completeRecord(const EventPtr& e, uint64_t generation);
 Work waitWork(const EventPtr& e, uint64_t generation);
+// The capture an event's latest record belongs to, where it is still open (else null).
+std::shared_ptr<Capture> openCaptureOf(const EventPtr& e);
+// Whether the event's latest record is in an open capture; that capture is then invalidated
+// (a query or a synchronization of it is invalid, as CUDA has it).
+bool refuseCapturedEvent(const EventPtr& e);
 
 }  // namespace cudaemu

@@ -13,12 +13,14 @@ thread_local cudaError_t tLastError = cudaSuccess;
 bool validDevice(int d) { return d >= 0 && d < deviceCount(); }
 
 // Bus 0x10 + d: distinct, and parseable back.
-void formatBusId(char* out, int len, int d) { snprintf(out, size_t(len), "0000:%02x:00.0", 0x10 + d); }
+void formatBusId(char* out, int len, int d) {
+  snprintf(out, size_t(len), "0000:%02x:00.0", 0x10 + d);
+}
 
 }  // namespace
 
 cudaError_t fail(cudaError_t e) {
-  if (e != cudaSuccess && e != cudaErrorNotReady) tLastError = e;
+  if (e != cudaSuccess) tLastError = e;  // cudaErrorNotReady too, as CUDA's
   return e;
 }
 
@@ -58,6 +60,8 @@ const char* cudaGetErrorName(cudaError_t e) {
     NAME(cudaErrorStreamCaptureInvalidated)
     NAME(cudaErrorStreamCaptureUnjoined)
     NAME(cudaErrorStreamCaptureIsolation)
+    NAME(cudaErrorStreamCaptureMerge)
+    NAME(cudaErrorStreamCaptureUnmatched)
     NAME(cudaErrorStreamCaptureImplicit)
     NAME(cudaErrorStreamCaptureWrongThread)
     NAME(cudaErrorIllegalState)
@@ -164,7 +168,8 @@ cudaError_t cudaDeviceCanAccessPeer(int* can, int d, int peer) {
 
 cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   if (flags != 0) return fail(cudaErrorInvalidValue);
-  if (!validDevice(peer) || peer == currentDevice() || peer >= 64) return fail(cudaErrorInvalidDevice);
+  if (!validDevice(peer) || peer == currentDevice() || peer >= 64)
+    return fail(cudaErrorInvalidDevice);
   Device& d = device(currentDevice());
   std::lock_guard<std::mutex> lock(d.mu);
   if (d.peerEnabled[peer]) return fail(cudaErrorPeerAccessAlreadyEnabled);

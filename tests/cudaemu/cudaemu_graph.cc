@@ -5,12 +5,15 @@
 // carries them, and a stream that waits for it joins the capture (or, capturing already, takes
 // them on). External records and waits (cudaEventRecordExternal, cudaEventWaitExternal) are
 // nodes of their own that touch the event at each replay. cudaStreamEndCapture on the origin
-// stream fails where a joined stream's work was not joined back into it. A replay runs every
-// node on a thread of its own once its dependencies have run, so branches run at once, as on a
-// GPU. The capture modes' rule on unsafe calls (cudaStreamSynchronize, cudaEventQuery,
-// cudaMalloc ...) is CUDA's: refused, and the capture invalidated, for a thread that has a
-// capture of its own not begun in relaxed mode, or, in global mode, where any thread has one
-// begun in global mode.
+// stream fails where a joined stream's work was not joined back into it; waiting, in a capture,
+// for an event of another capture or of none is refused and invalidates it. A replay runs
+// every node on a thread of its own once its dependencies have run, so branches run at once,
+// as on a GPU; the launches of one instantiated graph run one at a time, in launch order. The
+// legacy stream is never captured: work on it, or a query of it, while a blocking stream of its
+// device captures is refused (cudaErrorStreamCaptureImplicit) and invalidates that capture. The
+// capture modes' rule on unsafe calls (cudaStreamSynchronize, cudaEventQuery, cudaMalloc ...) is
+// CUDA's: refused, and the capture invalidated, for a thread that has a capture of its own not
+// begun in relaxed mode, or, in global mode, where any thread has one begun in global mode.
 #include <atomic>
 #include <set>
 #include <thread>
@@ -37,6 +40,7 @@ struct Capture {
   std::vector<StreamPtr> joined;  // the origin included
   std::vector<Node> nodes;
   bool invalidated = false;
+  std::atomic<bool> ended{false};  // read under an event's lock (openCaptureOf)
 };
 
 namespace {
@@ -44,10 +48,24 @@ namespace {
 struct Graph {
   std::vector<Node> nodes;
 };
+// An instantiated graph: its launches run one at a time, in the order they were made (an
+// internal event orders each after the one before).
+struct Exec {
+  std::shared_ptr<const Graph> graph;
+  EventPtr order = std::make_shared<Event>();
+};
 
-std::mutex gMu;  // every capture, and the capture fields of streams and events
-std::vector<std::shared_ptr<Capture>> gActive;
-unsigned long long gNextId = 1;
+// Every open capture, and the capture fields of streams and events. Never destroyed: a
+// communicator destroyed at exit may still ask.
+struct Registry {
+  std::mutex mu;
+  std::vector<std::shared_ptr<Capture>> active;
+  unsigned long long nextId = 1;
+};
+Registry& registry() {
+  static Registry* r = new Registry;
+  return *r;
+}
 thread_local cudaStreamCaptureMode tMode = cudaStreamCaptureModeGlobal;
 
 void release(Capture& c) {
@@ -56,9 +74,11 @@ void release(Capture& c) {
     s->deps.clear();
   }
   c.joined.clear();
-  for (auto it = gActive.begin(); it != gActive.end(); ++it) {
+  c.origin.reset();
+  c.ended = true;
+  for (auto it = registry().active.begin(); it != registry().active.end(); ++it) {
     if (it->get() == &c) {
-      gActive.erase(it);
+      registry().active.erase(it);
       break;
     }
   }
@@ -110,20 +130,28 @@ void runGraph(const std::shared_ptr<const Graph>& g, const std::vector<uint64_t>
 
 }  // namespace
 
-cudaError_t captureWork(const StreamPtr& s, const Work& w, bool* captured) {
-  std::lock_guard<std::mutex> lock(gMu);
-  *captured = s->capture != nullptr;
-  if (!s->capture) {
-    if (!s->legacy) return cudaSuccess;
-    // Work on the legacy stream would wait for the blocking streams, a capturing one too.
-    for (auto& c : gActive) {
-      for (const StreamPtr& j : c->joined) {
-        if (j->device == s->device && j->blocking) {
-          c->invalidated = true;
-          return fail(cudaErrorStreamCaptureImplicit);
-        }
+// Whether a blocking stream of the device captures; those captures are invalidated. With the
+// registry's lock held.
+bool invalidateBlockingCaptures(int device) {
+  bool any = false;
+  for (auto& c : registry().active) {
+    for (const StreamPtr& j : c->joined) {
+      if (j->device == device && j->blocking) {
+        c->invalidated = true;
+        any = true;
       }
     }
+  }
+  return any;
+}
+
+cudaError_t captureWork(const StreamPtr& s, const Work& w, bool* captured) {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  *captured = s->capture != nullptr;
+  if (!s->capture) {
+    // Work on the legacy stream would wait for the blocking streams, a capturing one too.
+    if (s->legacy && invalidateBlockingCaptures(s->device))
+      return fail(cudaErrorStreamCaptureImplicit);
     return cudaSuccess;
   }
   Capture& c = *s->capture;
@@ -133,7 +161,7 @@ cudaError_t captureWork(const StreamPtr& s, const Work& w, bool* captured) {
 }
 
 cudaError_t captureRecord(const EventPtr& e, const StreamPtr& s, bool external, bool* handled) {
-  std::lock_guard<std::mutex> lock(gMu);
+  std::lock_guard<std::mutex> lock(registry().mu);
   *handled = s->capture != nullptr;
   if (!s->capture) return cudaSuccess;
   Capture& c = *s->capture;
@@ -148,13 +176,24 @@ cudaError_t captureRecord(const EventPtr& e, const StreamPtr& s, bool external, 
   return cudaSuccess;
 }
 
+std::shared_ptr<Capture> openCaptureOf(const EventPtr& e) {
+  std::lock_guard<std::mutex> lock(e->mu);
+  return e->capture && !e->capture->ended ? e->capture : nullptr;
+}
+
+bool refuseCapturedEvent(const EventPtr& e) {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  std::shared_ptr<Capture> c = openCaptureOf(e);
+  if (c) c->invalidated = true;
+  return c != nullptr;
+}
+
 cudaError_t captureWait(const StreamPtr& s, const EventPtr& e, bool external, bool* handled) {
-  std::lock_guard<std::mutex> lock(gMu);
-  std::shared_ptr<Capture> ec;
+  std::lock_guard<std::mutex> lock(registry().mu);
+  std::shared_ptr<Capture> ec = openCaptureOf(e);
   std::vector<int> edeps;
-  {
+  if (ec) {
     std::lock_guard<std::mutex> elock(e->mu);
-    ec = e->capture;
     edeps = e->captureDeps;
   }
   *handled = s->capture != nullptr || ec != nullptr;
@@ -168,7 +207,7 @@ cudaError_t captureWait(const StreamPtr& s, const EventPtr& e, bool external, bo
     if (ec != s->capture) {  // an event of no capture, or of another one
       c.invalidated = true;
       if (ec) ec->invalidated = true;
-      return fail(cudaErrorStreamCaptureIsolation);
+      return fail(ec ? cudaErrorStreamCaptureMerge : cudaErrorStreamCaptureIsolation);
     }
     std::set<int> all(s->deps.begin(), s->deps.end());
     all.insert(edeps.begin(), edeps.end());
@@ -177,6 +216,10 @@ cudaError_t captureWait(const StreamPtr& s, const EventPtr& e, bool external, bo
   }
   if (!ec) return cudaSuccess;
   if (ec->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+  if (s->legacy) {  // the legacy stream is never captured
+    ec->invalidated = true;
+    return fail(cudaErrorStreamCaptureImplicit);
+  }
   // A stream that waits for a captured event joins its capture.
   s->capture = ec;
   s->deps = edeps;
@@ -185,21 +228,34 @@ cudaError_t captureWait(const StreamPtr& s, const EventPtr& e, bool external, bo
 }
 
 bool capturing(const StreamPtr& s) {
-  std::lock_guard<std::mutex> lock(gMu);
+  std::lock_guard<std::mutex> lock(registry().mu);
   return s->capture != nullptr;
 }
 
 bool refuseCapturing(const StreamPtr& s) {
-  std::lock_guard<std::mutex> lock(gMu);
+  std::lock_guard<std::mutex> lock(registry().mu);
   if (s->capture) s->capture->invalidated = true;
   return s->capture != nullptr;
 }
 
+bool legacyBlockedByCapture(int device) {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  return invalidateBlockingCaptures(device);
+}
+
+bool deviceCapturing(int device) {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  for (auto& c : registry().active)
+    for (const StreamPtr& j : c->joined)
+      if (j->device == device) return true;
+  return false;
+}
+
 bool captureAllowsUnsafeCall() {
   if (tMode == cudaStreamCaptureModeRelaxed) return true;
-  std::lock_guard<std::mutex> lock(gMu);
+  std::lock_guard<std::mutex> lock(registry().mu);
   bool allowed = true;
-  for (auto& c : gActive) {
+  for (auto& c : registry().active) {
     const bool mine = c->thread == std::this_thread::get_id();
     if ((mine && c->mode != cudaStreamCaptureModeRelaxed) ||
         (!mine && tMode == cudaStreamCaptureModeGlobal && c->mode == cudaStreamCaptureModeGlobal)) {
@@ -226,17 +282,17 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t h, cudaStreamCaptureMode mode) {
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (s->legacy) return fail(cudaErrorStreamCaptureUnsupported);
-  std::lock_guard<std::mutex> lock(gMu);
+  std::lock_guard<std::mutex> lock(registry().mu);
   if (s->capture) return fail(cudaErrorIllegalState);
   auto c = std::make_shared<Capture>();
-  c->id = gNextId++;
+  c->id = registry().nextId++;
   c->thread = std::this_thread::get_id();
   c->mode = mode;
   c->origin = s;
   c->joined.push_back(s);
   s->capture = c;
   s->deps.clear();
-  gActive.push_back(c);
+  registry().active.push_back(c);
   return cudaSuccess;
 }
 
@@ -245,7 +301,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t* out) {
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (!out) return fail(cudaErrorInvalidValue);
   *out = nullptr;
-  std::lock_guard<std::mutex> lock(gMu);
+  std::lock_guard<std::mutex> lock(registry().mu);
   std::shared_ptr<Capture> c = s->capture;
   if (!c) return fail(cudaErrorIllegalState);
   if (c->origin != s) return fail(cudaErrorStreamCaptureUnmatched);
@@ -282,13 +338,14 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t h, cudaStreamCaptureStatus* st
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (!status) return fail(cudaErrorInvalidValue);
   if (graph || deps || edges || ndeps) return fail(cudaErrorNotSupported);  // not emulated
-  std::lock_guard<std::mutex> lock(gMu);
+  if (s->legacy && legacyBlockedByCapture(s->device)) return fail(cudaErrorStreamCaptureImplicit);
+  std::lock_guard<std::mutex> lock(registry().mu);
   if (!s->capture) {
     *status = cudaStreamCaptureStatusNone;
     return cudaSuccess;
   }
-  *status = s->capture->invalidated ? cudaStreamCaptureStatusInvalidated
-                                    : cudaStreamCaptureStatusActive;
+  *status =
+      s->capture->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
   if (id) *id = s->capture->id;
   return cudaSuccess;
 }
@@ -299,9 +356,9 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t h, cudaStreamCaptureStatus* statu
 
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
   if (!exec || !graph) return fail(cudaErrorInvalidValue);
-  auto* g = new std::shared_ptr<const Graph>(
-      std::make_shared<const Graph>(*reinterpret_cast<Graph*>(graph)));
-  *exec = reinterpret_cast<cudaGraphExec_t>(g);
+  auto* x = new Exec;
+  x->graph = std::make_shared<const Graph>(*reinterpret_cast<Graph*>(graph));
+  *exec = reinterpret_cast<cudaGraphExec_t>(x);
   return cudaSuccess;
 }
 
@@ -309,8 +366,16 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t h) {
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (!exec) return fail(cudaErrorInvalidValue);
-  if (s->capture) return fail(cudaErrorNotSupported);  // a graph inside a capture: not emulated
-  std::shared_ptr<const Graph> g = *reinterpret_cast<std::shared_ptr<const Graph>*>(exec);
+  if (capturing(s)) return fail(cudaErrorNotSupported);  // a graph in a capture: not emulated
+  Exec* x = reinterpret_cast<Exec*>(exec);
+  std::shared_ptr<const Graph> g = x->graph;
+  EventPtr order = x->order;
+  uint64_t before, mine;
+  {
+    std::lock_guard<std::mutex> lock(order->mu);
+    before = order->recorded;
+    mine = ++order->recorded;
+  }
   std::vector<uint64_t> gens(g->nodes.size(), 0);
   for (size_t i = 0; i < gens.size(); ++i) {
     const Node& node = g->nodes[i];
@@ -318,11 +383,21 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t h) {
     std::lock_guard<std::mutex> lock(node.event->mu);
     gens[i] = node.kind == Node::kRecord ? ++node.event->recorded : node.event->recorded;
   }
-  return enqueue(s, [g, gens] { runGraph(g, gens); });
+  const cudaError_t r = enqueue(s, [g, gens, order, before, mine] {
+    if (before > 0) waitWork(order, before)();
+    runGraph(g, gens);
+    completeRecord(order, mine);
+  });
+  if (r != cudaSuccess) {  // it never runs: nothing may wait for its records
+    completeRecord(order, mine);
+    for (size_t i = 0; i < gens.size(); ++i)
+      if (g->nodes[i].kind == Node::kRecord) completeRecord(g->nodes[i].event, gens[i]);
+  }
+  return r;
 }
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
-  delete reinterpret_cast<std::shared_ptr<const Graph>*>(exec);  // a replay keeps its own
+  delete reinterpret_cast<Exec*>(exec);  // a replay holds what it needs
   return cudaSuccess;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string>
 
 #include "tests/cudaemu/cudaemu.h"
 
@@ -20,7 +21,8 @@ struct Alloc {
   size_t bytes = 0;
   Kind kind = Kind::kDevice;
   int device = 0;
-  int fd = -1;  // device memory: the memfd it lives in
+  int fd = -1;          // device memory: the memfd it lives in
+  uint64_t serial = 0;  // device memory: its memfd's name is cudaemu-<serial>
 };
 
 // Handles given out by cudaIpcGetMemHandle.
@@ -30,6 +32,7 @@ struct IpcHandle {
   int32_t pid;
   int32_t fd;
   uint64_t bytes;
+  uint64_t serial;  // the fd's number may name another allocation once this one is freed
   int32_t device;
 };
 static_assert(sizeof(IpcHandle) <= sizeof(cudaIpcMemHandle_t));
@@ -37,6 +40,7 @@ static_assert(sizeof(IpcHandle) <= sizeof(cudaIpcMemHandle_t));
 struct Memory {
   std::mutex mu;
   std::map<uintptr_t, Alloc> allocs;  // by base address
+  uint64_t serial = 0;
 };
 Memory& memory() {
   static Memory* m = new Memory;  // never destroyed (workers may run at exit)
@@ -58,19 +62,40 @@ size_t pages(size_t bytes) {
   return (bytes + page - 1) / page * page;
 }
 
+// CUDA may make these calls wait for the device's work (cudaMalloc, cudaMallocHost,
+// cudaHostRegister and cudaHostUnregister, opening an IPC handle): the worst case unless
+// TUTTI_EMU_ALLOC_SYNC=0, so that code which must not make them while a kernel waits for its
+// thread shows it. (cudaFree, cudaFreeHost and cudaIpcCloseMemHandle always wait.)
+void mayWaitForDevice(int dev) {
+  static const bool on = [] {
+    const char* v = getenv("TUTTI_EMU_ALLOC_SYNC");
+    return !(v && strcmp(v, "0") == 0);
+  }();
+  if (on) synchronizeDevice(dev);
+}
+
 bool isPageable(const void* p) {
   std::lock_guard<std::mutex> lock(memory().mu);
   return find(p) == memory().allocs.end();
 }
 
+bool isDeviceMemory(const void* p) {
+  std::lock_guard<std::mutex> lock(memory().mu);
+  auto it = find(p);
+  return it != memory().allocs.end() &&
+         (it->second.kind == Kind::kDevice || it->second.kind == Kind::kIpcOpened);
+}
+
 cudaError_t hostAlloc(void** p, size_t bytes) {
   if (!p) return fail(cudaErrorInvalidValue);
   if (!captureAllowsUnsafeCall()) return fail(cudaErrorStreamCaptureUnsupported);
+  mayWaitForDevice(currentDevice());
   void* m = nullptr;
-  if (posix_memalign(&m, 4096, pages(bytes ? bytes : 1)) != 0) return fail(cudaErrorMemoryAllocation);
+  if (posix_memalign(&m, 4096, pages(bytes ? bytes : 1)) != 0)
+    return fail(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(memory().mu);
   memory().allocs[reinterpret_cast<uintptr_t>(m)] =
-      Alloc{bytes ? bytes : 1, Kind::kHostAlloc, currentDevice(), -1};
+      Alloc{bytes ? bytes : 1, Kind::kHostAlloc, currentDevice(), -1, 0};
   *p = m;
   return cudaSuccess;
 }
@@ -90,8 +115,7 @@ cudaError_t copy(void* dst, const void* src, size_t n, const StreamPtr& s) {
              e != cudaSuccess) {
     return e;
   }
-  if (isPageable(dst) && !capturing(s)) return cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(
-      s->legacy ? nullptr : s.get()));
+  if (isPageable(dst) && !capturing(s)) s->waitFor(s->queuedSoFar());
   return cudaSuccess;
 }
 
@@ -110,7 +134,13 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
     *p = nullptr;
     return cudaSuccess;
   }
-  const int fd = memfd_create("cudaemu", MFD_CLOEXEC);
+  mayWaitForDevice(currentDevice());
+  uint64_t serial;
+  {
+    std::lock_guard<std::mutex> lock(memory().mu);
+    serial = ++memory().serial;
+  }
+  const int fd = memfd_create(("cudaemu-" + std::to_string(serial)).c_str(), MFD_CLOEXEC);
   if (fd < 0) return fail(cudaErrorMemoryAllocation);
   const size_t len = pages(bytes);
   if (ftruncate(fd, off_t(len)) != 0) {
@@ -122,8 +152,11 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
     close(fd);
     return fail(cudaErrorMemoryAllocation);
   }
+  // Not zeros: CUDA promises nothing, and a read of memory never written should show.
+  memset(m, 0xa5, len);
   std::lock_guard<std::mutex> lock(memory().mu);
-  memory().allocs[reinterpret_cast<uintptr_t>(m)] = Alloc{len, Kind::kDevice, currentDevice(), fd};
+  memory().allocs[reinterpret_cast<uintptr_t>(m)] =
+      Alloc{len, Kind::kDevice, currentDevice(), fd, serial};
   *p = m;
   return cudaSuccess;
 }
@@ -138,11 +171,10 @@ cudaError_t cudaFree(void* p) {
     if (it == memory().allocs.end() || it->second.kind != Kind::kDevice)
       return fail(cudaErrorInvalidValue);
     a = it->second;
+    memory().allocs.erase(it);  // a second cudaFree of it fails from here on
   }
   // As CUDA's: waits for the device's work queued so far (a kernel may still use it).
   synchronizeDevice(a.device);
-  std::lock_guard<std::mutex> lock(memory().mu);
-  memory().allocs.erase(reinterpret_cast<uintptr_t>(p));
   munmap(p, a.bytes);
   close(a.fd);
   return cudaSuccess;
@@ -169,16 +201,18 @@ cudaError_t cudaFreeHost(void* p) {
 
 cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
   if (!p || bytes == 0) return fail(cudaErrorInvalidValue);
+  mayWaitForDevice(currentDevice());
   std::lock_guard<std::mutex> lock(memory().mu);
   if (find(p) != memory().allocs.end() ||
       find(static_cast<char*>(p) + bytes - 1) != memory().allocs.end())
     return fail(cudaErrorHostMemoryAlreadyRegistered);
   memory().allocs[reinterpret_cast<uintptr_t>(p)] =
-      Alloc{bytes, Kind::kHostRegistered, currentDevice(), -1};
+      Alloc{bytes, Kind::kHostRegistered, currentDevice(), -1, 0};
   return cudaSuccess;
 }
 
 cudaError_t cudaHostUnregister(void* p) {
+  mayWaitForDevice(currentDevice());
   std::lock_guard<std::mutex> lock(memory().mu);
   auto it = memory().allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == memory().allocs.end() || it->second.kind != Kind::kHostRegistered)
@@ -227,8 +261,8 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* h, void* p) {
   if (it == memory().allocs.end() || it->second.kind != Kind::kDevice)
     return fail(cudaErrorInvalidValue);
   memset(h, 0, sizeof(*h));
-  const IpcHandle ipc{kIpcMagic, int32_t(getpid()), it->second.fd, it->second.bytes,
-                      it->second.device};
+  const IpcHandle ipc{kIpcMagic,        int32_t(getpid()), it->second.fd,
+                      it->second.bytes, it->second.serial, it->second.device};
   memcpy(h->reserved, &ipc, sizeof(ipc));
   return cudaSuccess;
 }
@@ -239,8 +273,15 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned int) {
   memcpy(&ipc, h.reserved, sizeof(ipc));
   if (ipc.magic != kIpcMagic) return fail(cudaErrorInvalidValue);
   if (ipc.pid == getpid()) return fail(cudaErrorDeviceUninitialized);  // as CUDA: not here
+  mayWaitForDevice(currentDevice());
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/fd/%d", int(ipc.pid), int(ipc.fd));
+  // The fd must still be that allocation's memfd ("/memfd:cudaemu-<serial> (deleted)").
+  char target[128] = "";
+  const ssize_t n = readlink(path, target, sizeof(target) - 1);
+  const std::string want = "/memfd:cudaemu-" + std::to_string(ipc.serial) + " ";
+  if (n <= 0 || std::string(target, size_t(n)).rfind(want, 0) != 0)
+    return fail(cudaErrorInvalidValue);
   const int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) return fail(cudaErrorMapBufferObjectFailed);
   void* m = mmap(nullptr, ipc.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -248,7 +289,7 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned int) {
   if (m == MAP_FAILED) return fail(cudaErrorMapBufferObjectFailed);
   std::lock_guard<std::mutex> lock(memory().mu);
   memory().allocs[reinterpret_cast<uintptr_t>(m)] =
-      Alloc{size_t(ipc.bytes), Kind::kIpcOpened, currentDevice(), -1};
+      Alloc{size_t(ipc.bytes), Kind::kIpcOpened, int(ipc.device), -1, 0};
   *p = m;
   return cudaSuccess;
 }
@@ -274,11 +315,15 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
   return copy(dst, src, n, s);
 }
 
+// On the legacy stream. As CUDA documents its synchronization: from pageable memory into GPU
+// memory, it returns once the source is staged (here: copied at the call); between two GPU
+// buffers it does not wait; otherwise it waits for the copy.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
   StreamPtr s = resolve(nullptr);
   if (!s) return fail(cudaErrorNoDevice);
   if (!captureAllowsUnsafeCall()) return fail(cudaErrorStreamCaptureUnsupported);
   if (cudaError_t e = copy(dst, src, n, s); e != cudaSuccess) return e;
+  if ((isPageable(src) || isDeviceMemory(src)) && isDeviceMemory(dst)) return cudaSuccess;
   return cudaStreamSynchronize(nullptr);
 }
 
@@ -290,9 +335,10 @@ cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t h) {
   return enqueue(s, [p, v, n] { memset(p, v, n); });
 }
 
+// On the legacy stream; it waits only where p is page-locked host memory, as CUDA's.
 cudaError_t cudaMemset(void* p, int v, size_t n) {
   if (cudaError_t e = cudaMemsetAsync(p, v, n, nullptr); e != cudaSuccess) return e;
-  return cudaStreamSynchronize(nullptr);
+  return isDeviceMemory(p) ? cudaSuccess : cudaStreamSynchronize(nullptr);
 }
 
 }  // extern "C"

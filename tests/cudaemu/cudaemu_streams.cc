@@ -1,6 +1,7 @@
 // The emulated CUDA runtime (cudaemu.h): devices, streams, events and kernel launches.
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -30,7 +31,6 @@ struct State {
   int threads = 2;
   std::mutex mu;  // the handles below
   std::map<Stream*, StreamPtr> streams;
-  std::map<Event*, EventPtr> events;
   State() {
     const int n = envInt("TUTTI_EMU_GPUS", 1, 0, 64);
     const int sms = envInt("TUTTI_EMU_SMS", 132, 1, 1024);
@@ -79,6 +79,9 @@ StreamPtr makeStream(int dev, bool blocking, bool legacy) {
   std::thread(worker, s).detach();
   Device& d = device(dev);
   std::lock_guard<std::mutex> lock(d.mu);
+  d.streams.erase(std::remove_if(d.streams.begin(), d.streams.end(),
+                                 [](const std::weak_ptr<Stream>& w) { return w.expired(); }),
+                  d.streams.end());
   d.streams.push_back(s);
   return s;
 }
@@ -86,11 +89,6 @@ StreamPtr makeStream(int dev, bool blocking, bool legacy) {
 // Work that waits until stream `s` has run its first n items.
 Work waitStream(StreamPtr s, uint64_t n) {
   return [s, n] { s->waitFor(n); };
-}
-
-uint64_t queuedOn(Stream& s) {
-  std::lock_guard<std::mutex> lock(s.mu);
-  return s.queued;
 }
 
 void push(Stream& s, Work w) {
@@ -102,10 +100,10 @@ void push(Stream& s, Work w) {
   s.cv.notify_all();
 }
 
-double nowMs() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+// CUDA may run the host functions of all streams one at a time: the worst case, here.
+std::mutex& hostFunctionTurn() {
+  static std::mutex* m = new std::mutex;
+  return *m;
 }
 
 }  // namespace
@@ -113,6 +111,11 @@ double nowMs() {
 void Stream::waitFor(uint64_t n) {
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return done >= n; });
+}
+
+uint64_t Stream::queuedSoFar() {
+  std::lock_guard<std::mutex> lock(mu);
+  return queued;
 }
 
 int deviceCount() { return int(state().devices.size()); }
@@ -145,12 +148,6 @@ StreamPtr resolve(cudaStream_t h) {
   return it == state().streams.end() ? nullptr : it->second;
 }
 
-EventPtr findEvent(cudaEvent_t e) {
-  std::lock_guard<std::mutex> lock(state().mu);
-  auto it = state().events.find(reinterpret_cast<Event*>(e));
-  return it == state().events.end() ? nullptr : it->second;
-}
-
 cudaError_t enqueue(const StreamPtr& s, Work w) {
   bool captured = false;
   if (cudaError_t e = captureWork(s, w, &captured); e != cudaSuccess || captured) return e;
@@ -164,7 +161,7 @@ cudaError_t enqueue(const StreamPtr& s, Work w) {
         if (StreamPtr o = weak.lock(); o && o != s && o->blocking) others.push_back(o);
     }
     for (const StreamPtr& o : others) {
-      const uint64_t n = queuedOn(*o);
+      const uint64_t n = o->queuedSoFar();
       if (n > 0) push(*s, waitStream(o, n));
     }
   } else if (s->blocking) {
@@ -175,7 +172,7 @@ cudaError_t enqueue(const StreamPtr& s, Work w) {
       legacy = d.legacyStream;
     }
     if (legacy) {
-      const uint64_t n = queuedOn(*legacy);
+      const uint64_t n = legacy->queuedSoFar();
       if (n > 0) push(*s, waitStream(legacy, n));
     }
   }
@@ -191,7 +188,7 @@ void synchronizeDevice(int id) {
     for (auto& weak : d.streams)
       if (StreamPtr s = weak.lock()) all.push_back(s);
   }
-  for (const StreamPtr& s : all) s->waitFor(queuedOn(*s));
+  for (const StreamPtr& s : all) s->waitFor(s->queuedSoFar());
 }
 
 void runBlocks(int dev, unsigned blocks, const std::function<void()>& body) {
@@ -233,22 +230,6 @@ void runBlocks(int dev, unsigned blocks, const std::function<void()>& body) {
   }
   for (auto& t : ts) t.join();
   for (auto& r : rs) pthread_barrier_destroy(&r->block.barrier);
-}
-
-void completeRecord(const EventPtr& e, uint64_t g) {
-  std::lock_guard<std::mutex> lock(e->mu);
-  if (g > e->completed) {
-    e->completed = g;
-    e->ms = nowMs();
-  }
-  e->cv.notify_all();
-}
-
-Work waitWork(const EventPtr& e, uint64_t generation) {
-  return [e, generation] {
-    std::unique_lock<std::mutex> lock(e->mu);
-    e->cv.wait(lock, [&] { return e->completed >= generation; });
-  };
 }
 
 }  // namespace cudaemu
@@ -300,7 +281,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h) {
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (refuseCapturing(s) || !captureAllowsUnsafeCall())
     return fail(cudaErrorStreamCaptureUnsupported);
-  s->waitFor(queuedOn(*s));
+  if (s->legacy && legacyBlockedByCapture(s->device)) return fail(cudaErrorStreamCaptureImplicit);
+  s->waitFor(s->queuedSoFar());
   return cudaSuccess;
 }
 
@@ -308,8 +290,9 @@ cudaError_t cudaStreamQuery(cudaStream_t h) {
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (refuseCapturing(s)) return fail(cudaErrorStreamCaptureUnsupported);
+  if (s->legacy && legacyBlockedByCapture(s->device)) return fail(cudaErrorStreamCaptureImplicit);
   std::lock_guard<std::mutex> lock(s->mu);
-  return s->done >= s->queued ? cudaSuccess : cudaErrorNotReady;
+  return s->done >= s->queued ? cudaSuccess : fail(cudaErrorNotReady);
 }
 
 cudaError_t cudaStreamGetDevice(cudaStream_t h, int* dev) {
@@ -322,7 +305,8 @@ cudaError_t cudaStreamGetDevice(cudaStream_t h, int* dev) {
 
 cudaError_t cudaDeviceSynchronize(void) {
   if (deviceCount() == 0) return fail(cudaErrorNoDevice);
-  if (!captureAllowsUnsafeCall()) return fail(cudaErrorStreamCaptureUnsupported);
+  if (!captureAllowsUnsafeCall() || deviceCapturing(currentDevice()))
+    return fail(cudaErrorStreamCaptureUnsupported);
   synchronizeDevice(currentDevice());
   return cudaSuccess;
 }
@@ -331,7 +315,10 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void* data) {
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (!fn) return fail(cudaErrorInvalidValue);
-  return enqueue(s, [fn, data] { fn(data); });
+  return enqueue(s, [fn, data] {
+    std::lock_guard<std::mutex> turn(hostFunctionTurn());
+    fn(data);
+  });
 }
 
 cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args, size_t,
@@ -341,6 +328,8 @@ cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** arg
   if (!func || !args) return fail(cudaErrorInvalidDeviceFunction);
   if (grid.x == 0 || grid.y != 1 || grid.z != 1 || block.x == 0 || block.x > 1024)
     return fail(cudaErrorInvalidConfiguration);
+  // A stream of another device than the current one is another context's.
+  if (s->device != currentDevice()) return fail(cudaErrorInvalidResourceHandle);
   const int dev = s->device;
   const unsigned blocks = grid.x;
   // The parameter is copied now, as CUDA copies it at the launch.
@@ -361,103 +350,7 @@ cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** arg
   return enqueue(s, [dev, blocks, k, w] { runBlocks(dev, blocks, [&] { k(*w); }); });
 }
 
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned int flags) {
-  if (!out) return fail(cudaErrorInvalidValue);
-  auto e = std::make_shared<Event>();
-  e->flags = flags;
-  std::lock_guard<std::mutex> lock(state().mu);
-  state().events[e.get()] = e;
-  *out = reinterpret_cast<cudaEvent_t>(e.get());
-  return cudaSuccess;
-}
-cudaError_t cudaEventCreate(cudaEvent_t* out) { return cudaEventCreateWithFlags(out, 0); }
-
-cudaError_t cudaEventDestroy(cudaEvent_t h) {
-  std::lock_guard<std::mutex> lock(state().mu);
-  if (state().events.erase(reinterpret_cast<Event*>(h)) == 0)
-    return fail(cudaErrorInvalidResourceHandle);
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventRecordWithFlags(cudaEvent_t h, cudaStream_t sh, unsigned int flags) {
-  EventPtr e = findEvent(h);
-  StreamPtr s = resolve(sh);
-  if (!e || !s) return fail(cudaErrorInvalidResourceHandle);
-  bool handled = false;
-  if (cudaError_t r = captureRecord(e, s, (flags & cudaEventRecordExternal) != 0, &handled);
-      r != cudaSuccess || handled)
-    return r;
-  uint64_t g;
-  {
-    std::lock_guard<std::mutex> lock(e->mu);
-    g = ++e->recorded;
-    e->capture.reset();
-    e->captureDeps.clear();
-  }
-  return enqueue(s, [e, g] { completeRecord(e, g); });
-}
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  return cudaEventRecordWithFlags(e, s, cudaEventRecordDefault);
-}
-
-cudaError_t cudaEventQuery(cudaEvent_t h) {
-  EventPtr e = findEvent(h);
-  if (!e) return fail(cudaErrorInvalidResourceHandle);
-  if (!captureAllowsUnsafeCall()) return fail(cudaErrorStreamCaptureUnsupported);
-  std::lock_guard<std::mutex> lock(e->mu);
-  if (e->capture) return fail(cudaErrorStreamCaptureUnsupported);
-  return e->completed >= e->recorded ? cudaSuccess : cudaErrorNotReady;
-}
-
-cudaError_t cudaEventSynchronize(cudaEvent_t h) {
-  EventPtr e = findEvent(h);
-  if (!e) return fail(cudaErrorInvalidResourceHandle);
-  if (!captureAllowsUnsafeCall()) return fail(cudaErrorStreamCaptureUnsupported);
-  std::unique_lock<std::mutex> lock(e->mu);
-  if (e->capture) return fail(cudaErrorStreamCaptureUnsupported);
-  const uint64_t g = e->recorded;
-  e->cv.wait(lock, [&] { return e->completed >= g; });
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
-  EventPtr ea = findEvent(a), eb = findEvent(b);
-  if (!ea || !eb) return fail(cudaErrorInvalidResourceHandle);
-  if (!ms) return fail(cudaErrorInvalidValue);
-  if ((ea->flags | eb->flags) & cudaEventDisableTiming) return fail(cudaErrorInvalidResourceHandle);
-  double ta, tb;
-  {
-    std::lock_guard<std::mutex> lock(ea->mu);
-    if (ea->recorded == 0 || ea->completed < ea->recorded) return fail(cudaErrorNotReady);
-    ta = ea->ms;
-  }
-  {
-    std::lock_guard<std::mutex> lock(eb->mu);
-    if (eb->recorded == 0 || eb->completed < eb->recorded) return fail(cudaErrorNotReady);
-    tb = eb->ms;
-  }
-  *ms = float(tb - ta);
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamWaitEvent(cudaStream_t sh, cudaEvent_t h, unsigned int flags) {
-  EventPtr e = findEvent(h);
-  StreamPtr s = resolve(sh);
-  if (!e || !s) return fail(cudaErrorInvalidResourceHandle);
-  bool handled = false;
-  if (cudaError_t r = captureWait(s, e, (flags & cudaEventWaitExternal) != 0, &handled);
-      r != cudaSuccess || handled)
-    return r;
-  uint64_t g;
-  {
-    std::lock_guard<std::mutex> lock(e->mu);
-    g = e->recorded;
-  }
-  return g > 0 ? enqueue(s, waitWork(e, g)) : cudaSuccess;
-}
-
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, const void* func, int,
-                                                          size_t) {
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, const void* func, int, size_t) {
   if (!n || !func) return fail(cudaErrorInvalidValue);
   *n = 1;  // one resident block per emulated SM
   return cudaSuccess;

@@ -94,6 +94,9 @@ TEST(GpuHostMemory, PinnedHostBuffersRunAsKernelsInStreamOrder) {
     EXPECT_EQ(cudaMemcpy(src[r], v.data(), kCount * 4, cudaMemcpyHostToDevice), cudaSuccess);
     for (size_t i = 0; i < kCount; ++i) pinned[r][i] = -100.0f;
   }
+  // cudaMemcpy from pageable memory and cudaMemset return before the bytes land, on the legacy
+  // stream, which the non-blocking streams below do not wait for.
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   if (!HasFailure()) {
     // The engines made first (kernels loaded, FIFOs allocated: calls that may wait for the
     // GPU), on other buffers, so that the held streams meet only the operation under test.
@@ -254,6 +257,7 @@ TEST(GpuValidation, PreMulSumScalarsWhereverTheReaderCanReachThem) {
   ASSERT_EQ(cudaMalloc(&devScalar, sizeof(float)), cudaSuccess);
   const float seven = 7.0f;
   ASSERT_EQ(cudaMemcpy(devScalar, &seven, sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // it returns before the bytes land
   ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, devScalar, ncclFloat, ncclScalarDevice, c), ncclSuccess);
   std::vector<float> h(64, 2.0f);
   EXPECT_EQ(ncclAllReduce(h.data(), h.data(), 64, ncclFloat, op, c, s), ncclSuccess)
@@ -336,6 +340,9 @@ void exchangeEveryWayOnOneGpu(int n, int per, unsigned seed) {
       }
     }
   }
+  // cudaMemcpy from pageable memory and cudaMemset return before the bytes land, on the legacy
+  // stream, which the non-blocking streams below do not wait for.
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   if (!::testing::Test::HasFailure()) {
     // Each group's calls checked with EXPECT: the group is always ended, whatever failed.
     EXPECT_EQ(ncclGroupStart(), ncclSuccess);
@@ -458,6 +465,9 @@ TEST(GpuGather, BackToBackSmallAllReducesGiveTheRankOrderSumOnEveryRank) {
     ASSERT_EQ(cudaMemcpy(in[r], host.data(), total * 4, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemset(out[r], 0xff, total * 4), cudaSuccess);
   }
+  // cudaMemcpy from pageable memory and cudaMemset return before the bytes land, on the legacy
+  // stream, which the non-blocking streams below do not wait for.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (int k = 0; k < kRounds; ++k) {
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r) {
