@@ -457,6 +457,7 @@ void DeviceEngine::findP2pBlockCap() {
       why = "half of " + std::to_string(sms) + " SMs x " + std::to_string(perSm) +
             " blocks each, " + std::to_string(shared_) + " rank(s) on GPU " +
             std::to_string(comm_.cudaDev());
+      warnTooFewResidentBlocks(std::max(sms, 1) * std::max(perSm, 1));
     } else {
       // Not worth failing every GPU operation for: the collectives' own share of the GPU.
       cap = std::max(2, kSharedGpuBlocks / shared_);
@@ -470,6 +471,29 @@ void DeviceEngine::findP2pBlockCap() {
   p2pCap_.store(cap, std::memory_order_release);
   TUTTI_INFO(log::kInit, "rank %d: sends and receives of one group take at most %d blocks (%s)",
              comm_.rank(), cap, why.c_str());
+}
+
+// The kernels of the ranks sharing a GPU wait for each other, so all of theirs must be resident
+// at once: a block each for a collective, and for a group of sends and receives one for each
+// direction. On a GPU (or MIG slice) that holds fewer, such a group of all of them hangs until
+// TUTTI_TIMEOUT: said once, at init, by the lowest rank on the GPU.
+void DeviceEngine::warnTooFewResidentBlocks(int resident) const {
+  const PeerInfo& me = comm_.peers()[size_t(comm_.rank())];
+  int here = 0, lowest = comm_.rank();
+  for (const PeerInfo& q : comm_.peers()) {
+    if (!sameGpu(q, me)) continue;
+    ++here;
+    lowest = std::min(lowest, int(q.rank));
+  }
+  if (2 * here <= resident || lowest != comm_.rank()) return;
+  TUTTI_WARN(
+      "rank %d: %d ranks of this communicator share GPU %d, which runs %d blocks of tutti's "
+      "kernels at once: %s, and a group in which each of them sends and receives needs %d. "
+      "Those that cannot all be resident wait for each other until TUTTI_TIMEOUT; use fewer "
+      "ranks per GPU",
+      comm_.rank(), here, comm_.cudaDev(), resident,
+      here > resident ? "a collective needs one per rank" : "collectives fit (one per rank)",
+      2 * here);
 }
 
 Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {

@@ -98,6 +98,7 @@ class DeviceEngine {
   Status checkOwnCapture() const;
   // Sets p2pCap_ once.
   void findP2pBlockCap();
+  void warnTooFewResidentBlocks(int resident) const;
   // Whether another communicator's engine in this process has a launch on this GPU that has
   // not ended 2 s later: a cudaFree would wait for it.
   bool othersBusyOnGpu() const;
