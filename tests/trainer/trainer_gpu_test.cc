@@ -107,7 +107,7 @@ TEST(TrainerGpu, AccumulationBf16AndResumeOnTheGpu) {
   const std::string ck = ::testing::TempDir() + "tutti_gpu_resume.ckpt";
   auto run = [&](int64_t steps, const std::string& resume, bool autoResume) {
     Options r = o;
-    r.max_steps = steps;
+    if (steps >= 0) r.max_steps = steps;  // else o's 4 (-1 would be every epoch's steps)
     r.checkpoint = ck;
     r.resume = resume;
     r.auto_resume = autoResume;
