@@ -10,6 +10,19 @@
 
 #include "examples/trainer/gpu_model.h"
 
+// LAUNCH(kernel, grid, block, stream, args...) is kernel<<<grid, block, 0, stream>>>(args...).
+// Built for the emulated CUDA runtime instead (TUTTI_CUDA=EMU: this file compiled by the host
+// compiler, so that CI runs the GPU half), a launch runs the kernel's threads one after another
+// in stream order.
+#if defined(__CUDACC__)
+#define LAUNCH(kernel, grid, block, stream, ...) \
+  kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#else
+#include "tests/cudaemu/cudaemu_sequential.h"
+#define LAUNCH(kernel, grid, block, stream, ...) \
+  cudaemu::launchSequential((stream), unsigned(grid), unsigned(block), kernel, __VA_ARGS__)
+#endif
+
 namespace trainer {
 
 bool gpuModelBuilt() { return true; }
@@ -265,8 +278,8 @@ class CudaModel : public GpuModel {
     // (The step ends with a synchronisation anyway.)
     if (pendingTimes_ && !ok(cudaEventSynchronize(commDone_), "the gradient all-reduces", error))
       return false;
-    sgd<<<blocksFor(n_), kThreads, 0, cs_>>>(params_, grads_, mom_, n_, lr, momentum, weight_decay,
-                                             started ? 1 : 0);
+    LAUNCH(sgd, blocksFor(n_), kThreads, cs_, params_, grads_, mom_, n_, lr, momentum, weight_decay,
+           started ? 1 : 0);
     if (!ok(cudaGetLastError(), "the SGD kernel", error)) return false;
     if (!ok(cudaStreamSynchronize(cs_), "the training step", error)) return false;
     if (!collectivesOk("the gradient all-reduces", error)) return false;
@@ -404,19 +417,20 @@ class CudaModel : public GpuModel {
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
       float* out = act_[l];
-      biasRows<<<blocksFor(size_t(n) * L.out), kThreads, 0, cs_>>>(out, params_ + L.bias, n, L.out);
+      LAUNCH(biasRows, blocksFor(size_t(n) * L.out), kThreads, cs_, out, params_ + L.bias, n,
+             L.out);
       // out (n x out) += in (n x in) * W^T: column-major out^T = W^T' * in^T.
       if (!blas(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, L.out, n, L.in, &one,
                             params_ + L.weight, L.in, in, L.in, &one, out, L.out),
                 error))
         return false;
       if (l + 1 < layers_.size())
-        relu<<<blocksFor(size_t(n) * L.out), kThreads, 0, cs_>>>(out, size_t(n) * L.out);
+        LAUNCH(relu, blocksFor(size_t(n) * L.out), kThreads, cs_, out, size_t(n) * L.out);
       in = out;
     }
     const int classes = layers_.back().out;
-    softmaxXent<<<(n + kThreads - 1) / kThreads, kThreads, 0, cs_>>>(
-        act_.back(), y_, n, classes, scale, train ? delta_ : nullptr, sums_ + (train ? 0 : 2));
+    LAUNCH(softmaxXent, (n + kThreads - 1) / kThreads, kThreads, cs_, act_.back(), y_, n, classes,
+           scale, train ? delta_ : nullptr, sums_ + (train ? 0 : 2));
     return ok(cudaGetLastError(), "the forward kernels", error);
   }
 
@@ -431,8 +445,8 @@ class CudaModel : public GpuModel {
                             L.out, &one, grads_ + L.weight, L.in),
                 error))
         return false;
-      biasGrad<<<(L.out + kThreads - 1) / kThreads, kThreads, 0, cs_>>>(delta_, n, L.out,
-                                                                        grads_ + L.bias);
+      LAUNCH(biasGrad, (L.out + kThreads - 1) / kThreads, kThreads, cs_, delta_, n, L.out,
+             grads_ + L.bias);
       // Layer l's gradients are queued: every bucket whose layers are all done goes to the
       // communication stream now, before the delta for the layer below.
       while (last && overlap_ && nextBucket < buckets_.size() &&
@@ -446,8 +460,8 @@ class CudaModel : public GpuModel {
                               params_ + L.weight, L.in, delta_, L.out, &zero, deltaNext_, L.in),
                   error))
           return false;
-        reluMask<<<blocksFor(size_t(n) * L.in), kThreads, 0, cs_>>>(deltaNext_, in,
-                                                                    size_t(n) * L.in);
+        LAUNCH(reluMask, blocksFor(size_t(n) * L.in), kThreads, cs_, deltaNext_, in,
+               size_t(n) * L.in);
         std::swap(delta_, deltaNext_);
       }
     }
@@ -475,9 +489,9 @@ class CudaModel : public GpuModel {
     ncclResult_t rc;
     if (wireType_ == ncclBfloat16) {
       uint16_t* w = wire_ + b.offset;
-      toBf16<<<blocksFor(b.count), kThreads, 0, ms_>>>(g, w, b.count);
+      LAUNCH(toBf16, blocksFor(b.count), kThreads, ms_, g, w, b.count);
       rc = ncclAllReduce(w, w, b.count, ncclBfloat16, ncclAvg, comm_, ms_);
-      fromBf16<<<blocksFor(b.count), kThreads, 0, ms_>>>(w, g, b.count);
+      LAUNCH(fromBf16, blocksFor(b.count), kThreads, ms_, w, g, b.count);
     } else {
       rc = ncclAllReduce(g, g, b.count, ncclFloat32, ncclAvg, comm_, ms_);
     }

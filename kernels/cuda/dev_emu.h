@@ -56,6 +56,7 @@ struct ThreadCtx {
   Dim threadIdx{0}, blockIdx{0}, blockDim{1};
   Block* block = nullptr;
   int parity = 0;
+  Dim gridDim{1};
 };
 inline thread_local ThreadCtx tCtx;
 
@@ -84,7 +85,7 @@ inline void launch(unsigned blocks, unsigned threads, const std::function<void()
   for (unsigned b = 0; b < blocks; ++b) {
     for (unsigned t = 0; t < threads; ++t) {
       ts.emplace_back([&, b, t] {
-        tCtx = ThreadCtx{{t}, {b}, {threads}, bs[b].get()};
+        tCtx = ThreadCtx{{t}, {b}, {threads}, bs[b].get(), 0, {blocks}};
         kernel();
       });
     }
@@ -98,6 +99,7 @@ inline void launch(unsigned blocks, unsigned threads, const std::function<void()
 #define threadIdx (::tutti::dev::emu::tCtx.threadIdx)
 #define blockIdx (::tutti::dev::emu::tCtx.blockIdx)
 #define blockDim (::tutti::dev::emu::tCtx.blockDim)
+#define gridDim (::tutti::dev::emu::tCtx.gridDim)
 #define __syncthreads() ::tutti::dev::emu::syncthreads()
 #define __syncthreads_or(v) ::tutti::dev::emu::syncthreadsOr(v)
 // A block's __shared__ variable: the block's shared bytes, one variable per kernel.
@@ -114,4 +116,17 @@ inline float __uint_as_float(uint32_t u) {
   float f;
   memcpy(&f, &u, 4);
   return f;
+}
+inline uint32_t __float_as_uint(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+inline double atomicAdd(double* p, double v) {
+  double old, sum;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  do {
+    sum = old + v;
+  } while (!__atomic_compare_exchange(p, &old, &sum, true, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+  return old;
 }

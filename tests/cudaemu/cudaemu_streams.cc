@@ -215,8 +215,8 @@ void runBlocks(int dev, unsigned blocks, const std::function<void()>& body) {
     r->left = threads;
     pthread_barrier_init(&r->block.barrier, nullptr, threads);
     for (unsigned t = 0; t < threads; ++t) {
-      ts.emplace_back([&d, &body, r, b, t, threads] {
-        tutti::dev::emu::tCtx = ThreadCtx{{t}, {b}, {threads}, &r->block};
+      ts.emplace_back([&d, &body, r, b, t, threads, blocks] {
+        tutti::dev::emu::tCtx = ThreadCtx{{t}, {b}, {threads}, &r->block, 0, {blocks}};
         body();
         if (r->left.fetch_sub(1) == 1) {  // the block's last thread frees its slot
           {
