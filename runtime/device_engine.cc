@@ -476,7 +476,8 @@ void DeviceEngine::findP2pBlockCap() {
 // The kernels of the ranks sharing a GPU wait for each other, so all of theirs must be resident
 // at once: a block each for a collective, and for a group of sends and receives one for each
 // direction. On a GPU (or MIG slice) that holds fewer, such a group of all of them hangs until
-// TUTTI_TIMEOUT: said once, at init, by the lowest rank on the GPU.
+// TUTTI_TIMEOUT: said once (NCCL_DEBUG=WARN), when its engine starts, by the lowest rank on the
+// GPU. Not where TUTTI_P2P_MAX_BLOCKS forces the cap, nor where the occupancy query failed.
 void DeviceEngine::warnTooFewResidentBlocks(int resident) const {
   const PeerInfo& me = comm_.peers()[size_t(comm_.rank())];
   int here = 0, lowest = comm_.rank();

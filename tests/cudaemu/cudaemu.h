@@ -26,8 +26,14 @@
 // What it does not: the GPU's memory model and timing (performance means nothing here), the
 // hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), blocks resident across processes or taken by
 // the application's own kernels, occupancy above one block per SM, the order in which waiting
-// kernels get free SMs, peer access, MIG, and faults (an illegal address is a crash of the
-// test, not a sticky error).
+// kernels get free SMs, peer access (any two GPUs may reach each other), MIG, separate address
+// spaces (device and host memory are one: a kernel that reads pageable memory, or the host
+// reading device memory, works here), and faults (an illegal address is a crash of the test,
+// not a sticky error). Not emulated, and refused: a graph launched inside a capture, and
+// cudaStreamGetCaptureInfo's graph and dependencies. Simple kernels of a program's own
+// (cudaemu_sequential.h) run their threads one after another, so races inside them cannot
+// show; the cuBLAS of include/cublas_v2.h is the CPU's OpenBLAS, so a GPU run compared with a
+// CPU run agrees to the bit here.
 #pragma once
 
 #include <cuda_runtime_api.h>
