@@ -17,7 +17,9 @@
 //   them), copies and sets in stream order, and cudaMemcpy / cudaMemset returning when CUDA
 //   documents they return (before the bytes land, for a pageable source or a device target);
 // - memory: device memory is host memory in a memfd (so that cudaIpc* handles open it in other
-//   processes), filled with 0xa5 bytes, not zeros; cudaFree waits for the device's work as
+//   processes), filled with 0xa5 bytes, not zeros, and mapped between pages that fault, its end
+//   as near the next as 256-byte alignment allows (an access past it crashes the test at that
+//   access, as memcheck would report it); cudaFree waits for the device's work as
 //   CUDA's does, and so, unless TUTTI_EMU_ALLOC_SYNC=0, do the calls CUDA may make wait
 //   (cudaMalloc, cudaHostRegister ...); page-locked host memory is mapped;
 //   cudaPointerGetAttributes knows what each allocation is; a kernel launched on a stream of

@@ -21,8 +21,10 @@ struct Alloc {
   size_t bytes = 0;
   Kind kind = Kind::kDevice;
   int device = 0;
-  int fd = -1;          // device memory: the memfd it lives in
-  uint64_t serial = 0;  // device memory: its memfd's name is cudaemu-<serial>
+  int fd = -1;             // device memory: the memfd it lives in
+  uint64_t serial = 0;     // device memory: its memfd's name is cudaemu-<serial>
+  void* region = nullptr;  // device and IPC-opened memory: the guarded mapping (Guarded)
+  size_t regionBytes = 0, offset = 0;  // ... its length, and where the pointer is in the memfd
 };
 
 // Handles given out by cudaIpcGetMemHandle.
@@ -33,6 +35,7 @@ struct IpcHandle {
   int32_t fd;
   uint64_t bytes;
   uint64_t serial;  // the fd's number may name another allocation once this one is freed
+  uint64_t offset;  // of the pointer in the memfd
   int32_t device;
 };
 static_assert(sizeof(IpcHandle) <= sizeof(cudaIpcMemHandle_t));
@@ -57,10 +60,31 @@ std::map<uintptr_t, Alloc>::iterator find(const void* p) {
   return u < it->first + it->second.bytes ? it : a.end();
 }
 
-size_t pages(size_t bytes) {
-  const size_t page = size_t(sysconf(_SC_PAGESIZE));
-  return (bytes + page - 1) / page * page;
+size_t pageBytes() { return size_t(sysconf(_SC_PAGESIZE)); }
+size_t pages(size_t bytes) { return (bytes + pageBytes() - 1) / pageBytes() * pageBytes(); }
+
+// A memfd of `len` bytes (whole pages) mapped between two pages that fault, as compute-
+// sanitizer's memcheck would report: a kernel or a copy that reads or writes past an
+// allocation crashes the test at that access. The pointer handed out is `offset` into the memfd:
+// the allocation's end as near the following guard page as CUDA's 256-byte alignment allows.
+struct Guarded {
+  void* region = nullptr;  // guard, memfd, guard
+  size_t regionBytes = 0;
+  char* memfd = nullptr;  // where the memfd is mapped
+};
+bool mapGuarded(int fd, size_t len, Guarded* g) {
+  const size_t page = pageBytes();
+  g->regionBytes = len + 2 * page;
+  g->region = mmap(nullptr, g->regionBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (g->region == MAP_FAILED) return false;
+  g->memfd = static_cast<char*>(g->region) + page;
+  if (mmap(g->memfd, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    munmap(g->region, g->regionBytes);
+    return false;
+  }
+  return true;
 }
+size_t endOffset(size_t bytes) { return pages(bytes) - (bytes + 255) / 256 * 256; }
 
 // CUDA may make these calls wait for the device's work (cudaMalloc, cudaMallocHost,
 // cudaHostRegister and cudaHostUnregister, opening an IPC handle): the worst case unless
@@ -95,7 +119,7 @@ cudaError_t hostAlloc(void** p, size_t bytes) {
     return fail(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(memory().mu);
   memory().allocs[reinterpret_cast<uintptr_t>(m)] =
-      Alloc{bytes ? bytes : 1, Kind::kHostAlloc, currentDevice(), -1, 0};
+      Alloc{bytes ? bytes : 1, Kind::kHostAlloc, currentDevice(), -1, 0, nullptr, 0, 0};
   *p = m;
   return cudaSuccess;
 }
@@ -147,16 +171,18 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
     close(fd);
     return fail(cudaErrorMemoryAllocation);
   }
-  void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) {
+  Guarded g;
+  if (!mapGuarded(fd, len, &g)) {
     close(fd);
     return fail(cudaErrorMemoryAllocation);
   }
   // Not zeros: CUDA promises nothing, and a read of memory never written should show.
-  memset(m, 0xa5, len);
+  memset(g.memfd, 0xa5, len);
+  const size_t offset = endOffset(bytes);
+  char* m = g.memfd + offset;
   std::lock_guard<std::mutex> lock(memory().mu);
   memory().allocs[reinterpret_cast<uintptr_t>(m)] =
-      Alloc{len, Kind::kDevice, currentDevice(), fd, serial};
+      Alloc{bytes, Kind::kDevice, currentDevice(), fd, serial, g.region, g.regionBytes, offset};
   *p = m;
   return cudaSuccess;
 }
@@ -175,7 +201,7 @@ cudaError_t cudaFree(void* p) {
   }
   // As CUDA's: waits for the device's work queued so far (a kernel may still use it).
   synchronizeDevice(a.device);
-  munmap(p, a.bytes);
+  munmap(a.region, a.regionBytes);
   close(a.fd);
   return cudaSuccess;
 }
@@ -207,7 +233,7 @@ cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
       find(static_cast<char*>(p) + bytes - 1) != memory().allocs.end())
     return fail(cudaErrorHostMemoryAlreadyRegistered);
   memory().allocs[reinterpret_cast<uintptr_t>(p)] =
-      Alloc{bytes, Kind::kHostRegistered, currentDevice(), -1, 0};
+      Alloc{bytes, Kind::kHostRegistered, currentDevice(), -1, 0, nullptr, 0, 0};
   return cudaSuccess;
 }
 
@@ -261,8 +287,8 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* h, void* p) {
   if (it == memory().allocs.end() || it->second.kind != Kind::kDevice)
     return fail(cudaErrorInvalidValue);
   memset(h, 0, sizeof(*h));
-  const IpcHandle ipc{kIpcMagic,        int32_t(getpid()), it->second.fd,
-                      it->second.bytes, it->second.serial, it->second.device};
+  const Alloc& a = it->second;
+  const IpcHandle ipc{kIpcMagic, int32_t(getpid()), a.fd, a.bytes, a.serial, a.offset, a.device};
   memcpy(h->reserved, &ipc, sizeof(ipc));
   return cudaSuccess;
 }
@@ -284,12 +310,15 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned int) {
     return fail(cudaErrorInvalidValue);
   const int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) return fail(cudaErrorMapBufferObjectFailed);
-  void* m = mmap(nullptr, ipc.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  Guarded g;
+  const bool mapped = mapGuarded(fd, pages(ipc.bytes), &g);
   close(fd);
-  if (m == MAP_FAILED) return fail(cudaErrorMapBufferObjectFailed);
+  if (!mapped) return fail(cudaErrorMapBufferObjectFailed);
+  char* m = g.memfd + ipc.offset;
   std::lock_guard<std::mutex> lock(memory().mu);
   memory().allocs[reinterpret_cast<uintptr_t>(m)] =
-      Alloc{size_t(ipc.bytes), Kind::kIpcOpened, int(ipc.device), -1, 0};
+      Alloc{size_t(ipc.bytes), Kind::kIpcOpened, int(ipc.device),   -1, 0,
+            g.region,          g.regionBytes,    size_t(ipc.offset)};
   *p = m;
   return cudaSuccess;
 }
@@ -305,7 +334,7 @@ cudaError_t cudaIpcCloseMemHandle(void* p) {
     memory().allocs.erase(it);
   }
   synchronizeDevice(a.device);
-  munmap(p, a.bytes);
+  munmap(a.region, a.regionBytes);
   return cudaSuccess;
 }
 

@@ -87,4 +87,21 @@ TEST(GpuEmu, RanksOnAGpuTooSmallForTheirSendsAndReceivesAreWarnedOnce) {
   EXPECT_EQ(big.find("share GPU 0, which runs"), std::string::npos) << big;
 }
 
+// The emulator's memcheck: a cudaMalloc'd buffer ends (to CUDA's 256-byte alignment) at a page
+// that faults, so an access past it crashes where it happens, as compute-sanitizer would report
+// it; up to the end it is memory like any other. (Before the buffer, only what precedes the
+// memfd's first page faults.)
+TEST(GpuEmu, AnAccessPastTheEndOfDeviceMemoryFaults) {
+  SKIP_WITHOUT_GPU();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  char* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 1000), cudaSuccess);
+  volatile char* v = p;
+  v[0] = 1;
+  v[1023] = 2;  // within the 256-byte rounding
+  EXPECT_DEATH(v[1024] = 3, "");
+  EXPECT_DEATH(v[-4097] = 3, "");  // before the memfd's first page: the page ahead faults
+  EXPECT_EQ(cudaFree(p), cudaSuccess);
+}
+
 }  // namespace
