@@ -147,13 +147,19 @@ else
     # RESTART_ARGS); each agent starts its rank again, and the job ends as the same job does
     # uninterrupted. (Not as a one-host run: with one rank a host, each rank's BLAS may take
     # both cores, and its sums may round otherwise.)
+    # One restart more than the failure needs: under c10d the agent picks MASTER_PORT free as a
+    # round starts and tutti's root takes the next port, which another socket of the host may
+    # hold by then (seen once, under load: the restarted round failed "cannot host the
+    # bootstrap root ... Address already in use", the agents gave up, and the second one
+    # waited for a round that never came); such a round fails at once and the agents start
+    # another from the checkpoint, with the same end.
     two_host_job() {  # two_host_job NAME CHECKPOINT ENV...: both agents; output in $DIR/NAME.*
       local name="$1" ck="$2" rc rc2
       shift 2
-      local job=("${TR[@]}" --nnodes 2 --nproc_per_node 1 --max_restarts 1 --rdzv_backend c10d
+      local job=("${TR[@]}" --nnodes 2 --nproc_per_node 1 --max_restarts 2 --rdzv_backend c10d
         --rdzv_endpoint "$FIRST:$((port + 2))" --rdzv_id "tutti-$TAG-$name" "$BUILD/tutti-train"
         "${RESTART_ARGS[@]}" --checkpoint "$ck" --auto-resume)
-      echo "== $* torchrun (2 hosts, c10d) --max_restarts 1 tutti-train ${RESTART_ARGS[*]} --auto-resume"
+      echo "== $* torchrun (2 hosts, c10d) --max_restarts 2 tutti-train ${RESTART_ARGS[*]} --auto-resume"
       env "$@" timeout 150 "${ON_B[@]}" "${job[@]}" >"$DIR/$name.b" 2>&1 &
       local second=$!
       env "$@" timeout 150 "${ON_A[@]}" "${job[@]}" >"$DIR/$name.a" 2>&1
