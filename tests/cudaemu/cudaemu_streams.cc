@@ -3,10 +3,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -238,6 +238,16 @@ using namespace cudaemu;
 
 namespace {
 
+// Queues kernel `func`, whose one parameter is a W, on `blocks` blocks of s's device. The
+// parameter is copied now, as CUDA copies it at the launch.
+template <class W>
+cudaError_t launchOn(const StreamPtr& s, const void* func, unsigned blocks, const void* param) {
+  auto k = reinterpret_cast<void (*)(W)>(const_cast<void*>(func));
+  auto w = std::make_shared<const W>(*static_cast<const W*>(param));
+  const int dev = s->device;
+  return enqueue(s, [dev, blocks, k, w] { runBlocks(dev, blocks, [&] { k(*w); }); });
+}
+
 cudaError_t createStream(cudaStream_t* out, unsigned flags) {
   if (!out) return fail(cudaErrorInvalidValue);
   if (deviceCount() == 0) return fail(cudaErrorNoDevice);
@@ -330,24 +340,14 @@ cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** arg
     return fail(cudaErrorInvalidConfiguration);
   // A stream of another device than the current one is another context's.
   if (s->device != currentDevice()) return fail(cudaErrorInvalidResourceHandle);
-  const int dev = s->device;
-  const unsigned blocks = grid.x;
-  // The parameter is copied now, as CUDA copies it at the launch.
-  if (func == tutti::dev::p2pManyKernel()) {
-    using K = void (*)(tutti::dev::DevP2pWork);
-    auto w = std::make_shared<const tutti::dev::DevP2pWork>(
-        *static_cast<const tutti::dev::DevP2pWork*>(args[0]));
-    auto k = reinterpret_cast<K>(const_cast<void*>(func));
-    return enqueue(s, [dev, blocks, k, w] { runBlocks(dev, blocks, [&] { k(*w); }); });
-  }
-  bool known = false;
-  for (const void* k : tutti::dev::allKernels()) known = known || k == func;
-  if (!known) return fail(cudaErrorInvalidDeviceFunction);
-  using K = void (*)(tutti::dev::DevWork);
-  auto w = std::make_shared<const tutti::dev::DevWork>(
-      *static_cast<const tutti::dev::DevWork*>(args[0]));
-  auto k = reinterpret_cast<K>(const_cast<void*>(func));
-  return enqueue(s, [dev, blocks, k, w] { runBlocks(dev, blocks, [&] { k(*w); }); });
+  if (func == tutti::dev::p2pManyKernel())
+    return launchOn<tutti::dev::DevP2pWork>(s, func, grid.x, args[0]);
+  static const std::set<const void*> known = [] {
+    const std::vector<const void*> all = tutti::dev::allKernels();
+    return std::set<const void*>(all.begin(), all.end());
+  }();
+  if (known.count(func) == 0) return fail(cudaErrorInvalidDeviceFunction);
+  return launchOn<tutti::dev::DevWork>(s, func, grid.x, args[0]);
 }
 
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, const void* func, int, size_t) {
