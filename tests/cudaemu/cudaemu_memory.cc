@@ -98,16 +98,26 @@ void mayWaitForDevice(int dev) {
   if (on) synchronizeDevice(dev);
 }
 
-bool isPageable(const void* p) {
-  std::lock_guard<std::mutex> lock(memory().mu);
-  return find(p) == memory().allocs.end();
-}
-
-bool isDeviceMemory(const void* p) {
+// Where p lies: host memory no allocation knows, GPU memory (allocated or opened), or
+// page-locked host memory.
+enum class Where { kPageable, kDevice, kPinned };
+Where whereIs(const void* p) {
   std::lock_guard<std::mutex> lock(memory().mu);
   auto it = find(p);
-  return it != memory().allocs.end() &&
-         (it->second.kind == Kind::kDevice || it->second.kind == Kind::kIpcOpened);
+  if (it == memory().allocs.end()) return Where::kPageable;
+  const Kind k = it->second.kind;
+  return k == Kind::kDevice || k == Kind::kIpcOpened ? Where::kDevice : Where::kPinned;
+}
+
+// Takes the allocation based at p, of kind `kind`, out of the registry into *out (a second
+// free of it fails from then on); `error` where there is none.
+cudaError_t take(void* p, Kind kind, cudaError_t error, Alloc* out) {
+  std::lock_guard<std::mutex> lock(memory().mu);
+  auto it = memory().allocs.find(reinterpret_cast<uintptr_t>(p));
+  if (it == memory().allocs.end() || it->second.kind != kind) return fail(error);
+  *out = it->second;
+  memory().allocs.erase(it);
+  return cudaSuccess;
 }
 
 cudaError_t hostAlloc(void** p, size_t bytes) {
@@ -124,12 +134,13 @@ cudaError_t hostAlloc(void** p, size_t bytes) {
   return cudaSuccess;
 }
 
-// A copy queued on s. Pageable host memory as CUDA treats it: a source is read at the call
-// (the caller may reuse it once the call returns) and a copy into it is waited for.
-cudaError_t copy(void* dst, const void* src, size_t n, const StreamPtr& s) {
+// A copy queued on s, from `src` (lying `from`) to `dst` (lying `to`). Pageable host memory
+// as CUDA treats it: a source is read at the call (the caller may reuse it once the call
+// returns) and a copy into it is waited for.
+cudaError_t copy(void* dst, Where to, const void* src, Where from, size_t n, const StreamPtr& s) {
   if (n == 0) return cudaSuccess;
   if (!dst || !src) return fail(cudaErrorInvalidValue);
-  if (isPageable(src) && !capturing(s)) {
+  if (from == Where::kPageable && !capturing(s)) {
     auto held = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                     static_cast<const char*>(src) + n);
     if (cudaError_t e = enqueue(s, [dst, held] { memcpy(dst, held->data(), held->size()); });
@@ -139,7 +150,7 @@ cudaError_t copy(void* dst, const void* src, size_t n, const StreamPtr& s) {
              e != cudaSuccess) {
     return e;
   }
-  if (isPageable(dst) && !capturing(s)) s->waitFor(s->queuedSoFar());
+  if (to == Where::kPageable && !capturing(s)) s->waitFor(s->queuedSoFar());
   return cudaSuccess;
 }
 
@@ -191,14 +202,7 @@ cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
   if (!captureAllowsUnsafeCall()) return fail(cudaErrorStreamCaptureUnsupported);
   Alloc a;
-  {
-    std::lock_guard<std::mutex> lock(memory().mu);
-    auto it = memory().allocs.find(reinterpret_cast<uintptr_t>(p));
-    if (it == memory().allocs.end() || it->second.kind != Kind::kDevice)
-      return fail(cudaErrorInvalidValue);
-    a = it->second;
-    memory().allocs.erase(it);  // a second cudaFree of it fails from here on
-  }
+  if (cudaError_t e = take(p, Kind::kDevice, cudaErrorInvalidValue, &a); e != cudaSuccess) return e;
   // As CUDA's: waits for the device's work queued so far (a kernel may still use it).
   synchronizeDevice(a.device);
   munmap(a.region, a.regionBytes);
@@ -212,13 +216,9 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) { return hostAll
 cudaError_t cudaFreeHost(void* p) {
   if (!p) return cudaSuccess;
   if (!captureAllowsUnsafeCall()) return fail(cudaErrorStreamCaptureUnsupported);
-  {
-    std::lock_guard<std::mutex> lock(memory().mu);
-    auto it = memory().allocs.find(reinterpret_cast<uintptr_t>(p));
-    if (it == memory().allocs.end() || it->second.kind != Kind::kHostAlloc)
-      return fail(cudaErrorInvalidValue);
-    memory().allocs.erase(it);
-  }
+  Alloc a;
+  if (cudaError_t e = take(p, Kind::kHostAlloc, cudaErrorInvalidValue, &a); e != cudaSuccess)
+    return e;
   // As CUDA's, it waits for the device's work first.
   synchronizeDevice(currentDevice());
   free(p);
@@ -239,12 +239,8 @@ cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
 
 cudaError_t cudaHostUnregister(void* p) {
   mayWaitForDevice(currentDevice());
-  std::lock_guard<std::mutex> lock(memory().mu);
-  auto it = memory().allocs.find(reinterpret_cast<uintptr_t>(p));
-  if (it == memory().allocs.end() || it->second.kind != Kind::kHostRegistered)
-    return fail(cudaErrorHostMemoryNotRegistered);
-  memory().allocs.erase(it);
-  return cudaSuccess;
+  Alloc a;
+  return take(p, Kind::kHostRegistered, cudaErrorHostMemoryNotRegistered, &a);
 }
 
 cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned int) {
@@ -325,14 +321,8 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned int) {
 
 cudaError_t cudaIpcCloseMemHandle(void* p) {
   Alloc a;
-  {
-    std::lock_guard<std::mutex> lock(memory().mu);
-    auto it = memory().allocs.find(reinterpret_cast<uintptr_t>(p));
-    if (it == memory().allocs.end() || it->second.kind != Kind::kIpcOpened)
-      return fail(cudaErrorInvalidValue);
-    a = it->second;
-    memory().allocs.erase(it);
-  }
+  if (cudaError_t e = take(p, Kind::kIpcOpened, cudaErrorInvalidValue, &a); e != cudaSuccess)
+    return e;
   synchronizeDevice(a.device);
   munmap(a.region, a.regionBytes);
   return cudaSuccess;
@@ -341,7 +331,7 @@ cudaError_t cudaIpcCloseMemHandle(void* p) {
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t h) {
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
-  return copy(dst, src, n, s);
+  return copy(dst, whereIs(dst), src, whereIs(src), n, s);
 }
 
 // On the legacy stream. As CUDA documents its synchronization: from pageable memory into GPU
@@ -351,8 +341,9 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
   StreamPtr s = resolve(nullptr);
   if (!s) return fail(cudaErrorNoDevice);
   if (!captureAllowsUnsafeCall()) return fail(cudaErrorStreamCaptureUnsupported);
-  if (cudaError_t e = copy(dst, src, n, s); e != cudaSuccess) return e;
-  if ((isPageable(src) || isDeviceMemory(src)) && isDeviceMemory(dst)) return cudaSuccess;
+  const Where to = whereIs(dst), from = whereIs(src);
+  if (cudaError_t e = copy(dst, to, src, from, n, s); e != cudaSuccess) return e;
+  if (to == Where::kDevice && from != Where::kPinned) return cudaSuccess;
   return cudaStreamSynchronize(nullptr);
 }
 
@@ -367,7 +358,7 @@ cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t h) {
 // On the legacy stream; it waits only where p is page-locked host memory, as CUDA's.
 cudaError_t cudaMemset(void* p, int v, size_t n) {
   if (cudaError_t e = cudaMemsetAsync(p, v, n, nullptr); e != cudaSuccess) return e;
-  return isDeviceMemory(p) ? cudaSuccess : cudaStreamSynchronize(nullptr);
+  return whereIs(p) == Where::kDevice ? cudaSuccess : cudaStreamSynchronize(nullptr);
 }
 
 }  // extern "C"
