@@ -325,15 +325,23 @@ Status DeviceEngine::init() {
 // separate processes take turns on a GPU (time slices), and ranks that wait for each other
 // then pay a slice per step: milliseconds per operation (docs/gpu-results.md). Said once, by
 // the lowest rank on the GPU, unless an MPS control daemon answers at its pipe directory.
-void DeviceEngine::warnSharedGpuProcesses() const {
+DeviceEngine::GpuShare DeviceEngine::gpuShare() const {
   const PeerInfo& me = comm_.peers()[size_t(comm_.rank())];
-  int processes = 0, lowest = comm_.rank();
+  GpuShare g;
+  g.lowest = comm_.rank();
   for (const PeerInfo& q : comm_.peers()) {
     if (!sameGpu(q, me)) continue;
-    lowest = std::min(lowest, int(q.rank));
-    if (q.pid != me.pid || q.pidNs != me.pidNs) ++processes;
+    ++g.ranks;
+    g.lowest = std::min(g.lowest, int(q.rank));
+    if (q.pid != me.pid || q.pidNs != me.pidNs) ++g.otherProcesses;
   }
-  if (processes == 0 || lowest != comm_.rank()) return;
+  return g;
+}
+
+void DeviceEngine::warnSharedGpuProcesses() const {
+  const GpuShare g = gpuShare();
+  const int processes = g.otherProcesses;
+  if (processes == 0 || g.lowest != comm_.rank()) return;
   const char* dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
   const std::string control = std::string(dir && *dir ? dir : "/tmp/nvidia-mps") + "/control";
   if (access(control.c_str(), F_OK) == 0) return;  // MPS runs
@@ -479,14 +487,9 @@ void DeviceEngine::findP2pBlockCap() {
 // TUTTI_TIMEOUT: said once (NCCL_DEBUG=WARN), when its engine starts, by the lowest rank on the
 // GPU. Not where TUTTI_P2P_MAX_BLOCKS forces the cap, nor where the occupancy query failed.
 void DeviceEngine::warnTooFewResidentBlocks(int resident) const {
-  const PeerInfo& me = comm_.peers()[size_t(comm_.rank())];
-  int here = 0, lowest = comm_.rank();
-  for (const PeerInfo& q : comm_.peers()) {
-    if (!sameGpu(q, me)) continue;
-    ++here;
-    lowest = std::min(lowest, int(q.rank));
-  }
-  if (2 * here <= resident || lowest != comm_.rank()) return;
+  const GpuShare g = gpuShare();
+  const int here = g.ranks;
+  if (2 * here <= resident || g.lowest != comm_.rank()) return;
   TUTTI_WARN(
       "rank %d: %d ranks of this communicator share GPU %d, which runs %d blocks of tutti's "
       "kernels at once: %s, and a group in which each of them sends and receives needs %d. "

@@ -88,6 +88,12 @@ class DeviceEngine {
   Status cudaCheck(const char* what, int err) const;
   // Registers the peer processes of this host with runtime/peer_watch.h.
   void watchPeers();
+  // This communicator's ranks on this rank's GPU: how many, how many of them in other
+  // processes, and the lowest (who says what concerns them all).
+  struct GpuShare {
+    int ranks = 0, otherProcesses = 0, lowest = 0;
+  };
+  GpuShare gpuShare() const;
   // Other processes' ranks on this GPU and no MPS: says so.
   void warnSharedGpuProcesses() const;
   // Makes the target stream wait for this communicator's last launch where needed (serial_).
@@ -98,6 +104,7 @@ class DeviceEngine {
   Status checkOwnCapture() const;
   // Sets p2pCap_ once.
   void findP2pBlockCap();
+  // The ranks on this GPU need more blocks resident at once than it holds: says so.
   void warnTooFewResidentBlocks(int resident) const;
   // Whether another communicator's engine in this process has a launch on this GPU that has
   // not ended 2 s later: a cudaFree would wait for it.
