@@ -34,17 +34,17 @@ namespace tutti {
 namespace {
 bool isLegacyStream(const void* s) { return s == nullptr || s == cudaStreamLegacy; }
 
+// Used events, per GPU, for next entries. All are kept: an event is made only where the pool is
+// empty, so there are never more than the most entries ever held at once (at most the table's
+// bound). A cap made a thread that runs ahead of its siblings (every eager loop does: nothing
+// holds a rank's launches back until the GPU's queue is full) destroy events that others made
+// again at once, about one of each per operation, each a CUDA call costing microseconds.
 std::mutex gPoolMu;
-std::map<int, std::vector<cudaEvent_t>> gFreeEvents;  // used ones, per GPU, for next entries
+std::map<int, std::vector<cudaEvent_t>> gFreeEvents;
 
 void releaseEvent(DeviceEvent e) {
   std::lock_guard<std::mutex> lock(gPoolMu);
-  std::vector<cudaEvent_t>& pool = gFreeEvents[e.device];
-  if (pool.size() < 64) {
-    pool.push_back(static_cast<cudaEvent_t>(e.event));
-  } else {
-    cudaEventDestroy(static_cast<cudaEvent_t>(e.event));
-  }
+  gFreeEvents[e.device].push_back(static_cast<cudaEvent_t>(e.event));
 }
 // Entries of siblings that use streams of their own are never claimed: they go once every
 // sibling has passed their group (StreamEntries::entered); the bound is for the rest.

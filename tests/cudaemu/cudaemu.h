@@ -129,6 +129,18 @@ void synchronizeDevice(int id);
 // Runs a kernel's blocks on the device (waiting for resident slots); returns when all ended.
 void runBlocks(int device, unsigned blocks, const std::function<void()>& body);
 
+// ---- calls (cudaemu_device.cc) ------------------------------------------------------------
+// Every entry point counts itself, per thread (a call made by another entry point does not
+// count): cudaemuThreadCalls below tells a test how many CUDA calls an operation made, the
+// host-side cost a GPU would charge for each.
+struct ApiCall {
+  explicit ApiCall(const char* name);
+  ~ApiCall();
+  ApiCall(const ApiCall&) = delete;
+  ApiCall& operator=(const ApiCall&) = delete;
+};
+#define CUDAEMU_CALL const ::cudaemu::ApiCall cudaemuApiCall_(__func__)
+
 // ---- errors (cudaemu_device.cc) -----------------------------------------------------------
 // Records e as this thread's last error where it is one, and returns it.
 cudaError_t fail(cudaError_t e);
@@ -162,3 +174,7 @@ std::shared_ptr<Capture> openCaptureOf(const EventPtr& e);
 bool refuseCapturedEvent(const EventPtr& e);
 
 }  // namespace cudaemu
+
+// The calls of an entry point this thread made so far (name: "cudaLaunchKernel"), or of all of
+// them (null); not a CUDA function.
+extern "C" unsigned long cudaemuThreadCalls(const char* name);

@@ -2,6 +2,8 @@
 // errors.
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <string>
 
 #include "tests/cudaemu/cudaemu.h"
 
@@ -17,7 +19,16 @@ void formatBusId(char* out, int len, int d) {
   snprintf(out, size_t(len), "0000:%02x:00.0", 0x10 + d);
 }
 
+thread_local int tCallDepth = 0;  // entry points this thread is inside
+thread_local std::map<std::string, unsigned long> tCalls;
+
 }  // namespace
+
+ApiCall::ApiCall(const char* name) {
+  if (tCallDepth++ != 0) return;
+  ++tCalls[name];
+}
+ApiCall::~ApiCall() { --tCallDepth; }
 
 cudaError_t fail(cudaError_t e) {
   if (e != cudaSuccess) tLastError = e;  // cudaErrorNotReady too, as CUDA's
@@ -30,14 +41,29 @@ using namespace cudaemu;
 
 extern "C" {
 
+unsigned long cudaemuThreadCalls(const char* name) {
+  if (name != nullptr) {
+    auto it = tCalls.find(name);
+    return it == tCalls.end() ? 0 : it->second;
+  }
+  unsigned long n = 0;
+  for (const auto& [_, count] : tCalls) n += count;
+  return n;
+}
+
 cudaError_t cudaGetLastError(void) {
+  CUDAEMU_CALL;
   const cudaError_t e = tLastError;
   tLastError = cudaSuccess;
   return e;
 }
-cudaError_t cudaPeekAtLastError(void) { return tLastError; }
+cudaError_t cudaPeekAtLastError(void) {
+  CUDAEMU_CALL;
+  return tLastError;
+}
 
 const char* cudaGetErrorName(cudaError_t e) {
+  CUDAEMU_CALL;
   switch (e) {
 #define NAME(x) \
   case x:       \
@@ -72,18 +98,21 @@ const char* cudaGetErrorName(cudaError_t e) {
   }
 }
 const char* cudaGetErrorString(cudaError_t e) {
+  CUDAEMU_CALL;
   static thread_local char buf[96];
   snprintf(buf, sizeof(buf), "%s (emulated CUDA runtime)", cudaGetErrorName(e));
   return e == cudaSuccess ? "no error" : buf;
 }
 
 cudaError_t cudaGetDeviceCount(int* n) {
+  CUDAEMU_CALL;
   if (!n) return fail(cudaErrorInvalidValue);
   *n = deviceCount();
   return deviceCount() > 0 ? cudaSuccess : fail(cudaErrorNoDevice);
 }
 
 cudaError_t cudaGetDevice(int* d) {
+  CUDAEMU_CALL;
   if (!d) return fail(cudaErrorInvalidValue);
   if (deviceCount() == 0) return fail(cudaErrorNoDevice);
   *d = currentDevice();
@@ -91,12 +120,14 @@ cudaError_t cudaGetDevice(int* d) {
 }
 
 cudaError_t cudaSetDevice(int d) {
+  CUDAEMU_CALL;
   if (!validDevice(d)) return fail(cudaErrorInvalidDevice);
   setCurrentDevice(d);
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+  CUDAEMU_CALL;
   if (!p) return fail(cudaErrorInvalidValue);
   if (!validDevice(d)) return fail(cudaErrorInvalidDevice);
   memset(p, 0, sizeof(*p));
@@ -115,6 +146,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
+  CUDAEMU_CALL;
   if (!v) return fail(cudaErrorInvalidValue);
   if (!validDevice(d)) return fail(cudaErrorInvalidDevice);
   switch (a) {
@@ -140,6 +172,7 @@ cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
 }
 
 cudaError_t cudaDeviceGetPCIBusId(char* out, int len, int d) {
+  CUDAEMU_CALL;
   if (!out || len < 13) return fail(cudaErrorInvalidValue);
   if (!validDevice(d)) return fail(cudaErrorInvalidDevice);
   formatBusId(out, len, d);
@@ -147,6 +180,7 @@ cudaError_t cudaDeviceGetPCIBusId(char* out, int len, int d) {
 }
 
 cudaError_t cudaDeviceGetByPCIBusId(int* d, const char* id) {
+  CUDAEMU_CALL;
   if (!d || !id) return fail(cudaErrorInvalidValue);
   for (int i = 0; i < deviceCount(); ++i) {
     char buf[32];
@@ -160,6 +194,7 @@ cudaError_t cudaDeviceGetByPCIBusId(int* d, const char* id) {
 }
 
 cudaError_t cudaDeviceCanAccessPeer(int* can, int d, int peer) {
+  CUDAEMU_CALL;
   if (!can) return fail(cudaErrorInvalidValue);
   if (!validDevice(d) || !validDevice(peer)) return fail(cudaErrorInvalidDevice);
   *can = d != peer;
@@ -167,6 +202,7 @@ cudaError_t cudaDeviceCanAccessPeer(int* can, int d, int peer) {
 }
 
 cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  CUDAEMU_CALL;
   if (flags != 0) return fail(cudaErrorInvalidValue);
   if (!validDevice(peer) || peer == currentDevice() || peer >= 64)
     return fail(cudaErrorInvalidDevice);

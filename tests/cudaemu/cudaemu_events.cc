@@ -70,6 +70,7 @@ using namespace cudaemu;
 extern "C" {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned int flags) {
+  CUDAEMU_CALL;
   if (!out) return fail(cudaErrorInvalidValue);
   if (deviceCount() == 0) return fail(cudaErrorNoDevice);
   auto e = std::make_shared<Event>();
@@ -80,9 +81,13 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned int flags) {
   *out = reinterpret_cast<cudaEvent_t>(e.get());
   return cudaSuccess;
 }
-cudaError_t cudaEventCreate(cudaEvent_t* out) { return cudaEventCreateWithFlags(out, 0); }
+cudaError_t cudaEventCreate(cudaEvent_t* out) {
+  CUDAEMU_CALL;
+  return cudaEventCreateWithFlags(out, 0);
+}
 
 cudaError_t cudaEventDestroy(cudaEvent_t h) {
+  CUDAEMU_CALL;
   std::lock_guard<std::mutex> lock(events().mu);
   if (events().all.erase(reinterpret_cast<Event*>(h)) == 0)
     return fail(cudaErrorInvalidResourceHandle);
@@ -90,6 +95,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t h) {
 }
 
 cudaError_t cudaEventRecordWithFlags(cudaEvent_t h, cudaStream_t sh, unsigned int flags) {
+  CUDAEMU_CALL;
   EventPtr e = findEvent(h);
   StreamPtr s = resolve(sh);
   if (!e || !s) return fail(cudaErrorInvalidResourceHandle);
@@ -115,10 +121,12 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t h, cudaStream_t sh, unsigned in
   return r;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  CUDAEMU_CALL;
   return cudaEventRecordWithFlags(e, s, cudaEventRecordDefault);
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t h) {
+  CUDAEMU_CALL;
   EventPtr e = findEvent(h);
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   if (refuseCapturedEvent(e) || !captureAllowsUnsafeCall())
@@ -128,6 +136,7 @@ cudaError_t cudaEventQuery(cudaEvent_t h) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t h) {
+  CUDAEMU_CALL;
   EventPtr e = findEvent(h);
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   if (refuseCapturedEvent(e) || !captureAllowsUnsafeCall())
@@ -137,6 +146,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t h) {
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  CUDAEMU_CALL;
   EventPtr ea = findEvent(a), eb = findEvent(b);
   if (!ea || !eb) return fail(cudaErrorInvalidResourceHandle);
   if (!ms) return fail(cudaErrorInvalidValue);
@@ -155,6 +165,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t sh, cudaEvent_t h, unsigned int flags) {
+  CUDAEMU_CALL;
   EventPtr e = findEvent(h);
   StreamPtr s = resolve(sh);
   if (!e || !s) return fail(cudaErrorInvalidResourceHandle);

@@ -273,12 +273,14 @@ using namespace cudaemu;
 extern "C" {
 
 cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  CUDAEMU_CALL;
   if (!mode) return fail(cudaErrorInvalidValue);
   std::swap(*mode, tMode);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t h, cudaStreamCaptureMode mode) {
+  CUDAEMU_CALL;
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (s->legacy) return fail(cudaErrorStreamCaptureUnsupported);
@@ -297,6 +299,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t h, cudaStreamCaptureMode mode) {
 }
 
 cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t* out) {
+  CUDAEMU_CALL;
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (!out) return fail(cudaErrorInvalidValue);
@@ -334,6 +337,7 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t h, cudaStreamCaptureStatus* st
                                      unsigned long long* id, cudaGraph_t* graph,
                                      const cudaGraphNode_t** deps, const cudaGraphEdgeData** edges,
                                      size_t* ndeps) {
+  CUDAEMU_CALL;
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (!status) return fail(cudaErrorInvalidValue);
@@ -351,10 +355,12 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t h, cudaStreamCaptureStatus* st
 }
 
 cudaError_t cudaStreamIsCapturing(cudaStream_t h, cudaStreamCaptureStatus* status) {
+  CUDAEMU_CALL;
   return cudaStreamGetCaptureInfo(h, status, nullptr, nullptr, nullptr, nullptr, nullptr);
 }
 
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  CUDAEMU_CALL;
   if (!exec || !graph) return fail(cudaErrorInvalidValue);
   auto* x = new Exec;
   x->graph = std::make_shared<const Graph>(*reinterpret_cast<Graph*>(graph));
@@ -363,6 +369,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
 }
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t h) {
+  CUDAEMU_CALL;
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (!exec) return fail(cudaErrorInvalidValue);
@@ -397,11 +404,13 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t h) {
 }
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  CUDAEMU_CALL;
   delete reinterpret_cast<Exec*>(exec);  // a replay holds what it needs
   return cudaSuccess;
 }
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  CUDAEMU_CALL;
   delete reinterpret_cast<Graph*>(graph);
   return cudaSuccess;
 }

@@ -162,6 +162,7 @@ using namespace cudaemu;
 extern "C" {
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  CUDAEMU_CALL;
   if (!p) return fail(cudaErrorInvalidValue);
   if (deviceCount() == 0) return fail(cudaErrorNoDevice);
   if (!captureAllowsUnsafeCall()) return fail(cudaErrorStreamCaptureUnsupported);
@@ -199,6 +200,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 
 cudaError_t cudaFree(void* p) {
+  CUDAEMU_CALL;
   if (!p) return cudaSuccess;
   if (!captureAllowsUnsafeCall()) return fail(cudaErrorStreamCaptureUnsupported);
   Alloc a;
@@ -210,10 +212,17 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMallocHost(void** p, size_t bytes) { return hostAlloc(p, bytes); }
-cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) { return hostAlloc(p, bytes); }
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  CUDAEMU_CALL;
+  return hostAlloc(p, bytes);
+}
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
+  CUDAEMU_CALL;
+  return hostAlloc(p, bytes);
+}
 
 cudaError_t cudaFreeHost(void* p) {
+  CUDAEMU_CALL;
   if (!p) return cudaSuccess;
   if (!captureAllowsUnsafeCall()) return fail(cudaErrorStreamCaptureUnsupported);
   Alloc a;
@@ -226,6 +235,7 @@ cudaError_t cudaFreeHost(void* p) {
 }
 
 cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
+  CUDAEMU_CALL;
   if (!p || bytes == 0) return fail(cudaErrorInvalidValue);
   mayWaitForDevice(currentDevice());
   std::lock_guard<std::mutex> lock(memory().mu);
@@ -238,12 +248,14 @@ cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
 }
 
 cudaError_t cudaHostUnregister(void* p) {
+  CUDAEMU_CALL;
   mayWaitForDevice(currentDevice());
   Alloc a;
   return take(p, Kind::kHostRegistered, cudaErrorHostMemoryNotRegistered, &a);
 }
 
 cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned int) {
+  CUDAEMU_CALL;
   if (!dev) return fail(cudaErrorInvalidValue);
   std::lock_guard<std::mutex> lock(memory().mu);
   auto it = find(host);
@@ -255,6 +267,7 @@ cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned int) {
 }
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
+  CUDAEMU_CALL;
   if (!attr) return fail(cudaErrorInvalidValue);
   memset(attr, 0, sizeof(*attr));
   attr->device = -2;
@@ -277,6 +290,7 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p)
 }
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* h, void* p) {
+  CUDAEMU_CALL;
   if (!h) return fail(cudaErrorInvalidValue);
   std::lock_guard<std::mutex> lock(memory().mu);
   auto it = memory().allocs.find(reinterpret_cast<uintptr_t>(p));
@@ -290,6 +304,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* h, void* p) {
 }
 
 cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned int) {
+  CUDAEMU_CALL;
   if (!p) return fail(cudaErrorInvalidValue);
   IpcHandle ipc;
   memcpy(&ipc, h.reserved, sizeof(ipc));
@@ -320,6 +335,7 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned int) {
 }
 
 cudaError_t cudaIpcCloseMemHandle(void* p) {
+  CUDAEMU_CALL;
   Alloc a;
   if (cudaError_t e = take(p, Kind::kIpcOpened, cudaErrorInvalidValue, &a); e != cudaSuccess)
     return e;
@@ -329,6 +345,7 @@ cudaError_t cudaIpcCloseMemHandle(void* p) {
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t h) {
+  CUDAEMU_CALL;
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   return copy(dst, whereIs(dst), src, whereIs(src), n, s);
@@ -338,6 +355,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
 // memory, it returns once the source is staged (here: copied at the call); between two GPU
 // buffers it does not wait; otherwise it waits for the copy.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
+  CUDAEMU_CALL;
   StreamPtr s = resolve(nullptr);
   if (!s) return fail(cudaErrorNoDevice);
   if (!captureAllowsUnsafeCall()) return fail(cudaErrorStreamCaptureUnsupported);
@@ -348,6 +366,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
 }
 
 cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t h) {
+  CUDAEMU_CALL;
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (n == 0) return cudaSuccess;
@@ -357,6 +376,7 @@ cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t h) {
 
 // On the legacy stream; it waits only where p is page-locked host memory, as CUDA's.
 cudaError_t cudaMemset(void* p, int v, size_t n) {
+  CUDAEMU_CALL;
   if (cudaError_t e = cudaMemsetAsync(p, v, n, nullptr); e != cudaSuccess) return e;
   return whereIs(p) == Where::kDevice ? cudaSuccess : cudaStreamSynchronize(nullptr);
 }

@@ -264,12 +264,17 @@ cudaError_t createStream(cudaStream_t* out, unsigned flags) {
 
 extern "C" {
 
-cudaError_t cudaStreamCreate(cudaStream_t* s) { return createStream(s, cudaStreamDefault); }
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  CUDAEMU_CALL;
+  return createStream(s, cudaStreamDefault);
+}
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+  CUDAEMU_CALL;
   return createStream(s, flags);
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t h) {
+  CUDAEMU_CALL;
   StreamPtr s;
   {
     std::lock_guard<std::mutex> lock(state().mu);
@@ -287,6 +292,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t h) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t h) {
+  CUDAEMU_CALL;
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (refuseCapturing(s) || !captureAllowsUnsafeCall())
@@ -297,6 +303,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h) {
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t h) {
+  CUDAEMU_CALL;
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (refuseCapturing(s)) return fail(cudaErrorStreamCaptureUnsupported);
@@ -306,6 +313,7 @@ cudaError_t cudaStreamQuery(cudaStream_t h) {
 }
 
 cudaError_t cudaStreamGetDevice(cudaStream_t h, int* dev) {
+  CUDAEMU_CALL;
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (!dev) return fail(cudaErrorInvalidValue);
@@ -314,6 +322,7 @@ cudaError_t cudaStreamGetDevice(cudaStream_t h, int* dev) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  CUDAEMU_CALL;
   if (deviceCount() == 0) return fail(cudaErrorNoDevice);
   if (!captureAllowsUnsafeCall() || deviceCapturing(currentDevice()))
     return fail(cudaErrorStreamCaptureUnsupported);
@@ -322,6 +331,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void* data) {
+  CUDAEMU_CALL;
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (!fn) return fail(cudaErrorInvalidValue);
@@ -333,6 +343,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void* data) {
 
 cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args, size_t,
                              cudaStream_t h) {
+  CUDAEMU_CALL;
   StreamPtr s = resolve(h);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (!func || !args) return fail(cudaErrorInvalidDeviceFunction);
@@ -351,12 +362,14 @@ cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** arg
 }
 
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, const void* func, int, size_t) {
+  CUDAEMU_CALL;
   if (!n || !func) return fail(cudaErrorInvalidValue);
   *n = 1;  // one resident block per emulated SM
   return cudaSuccess;
 }
 
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
+  CUDAEMU_CALL;
   if (!attr || !func) return fail(cudaErrorInvalidValue);
   memset(attr, 0, sizeof(*attr));
   attr->maxThreadsPerBlock = 1024;
