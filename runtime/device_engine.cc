@@ -123,8 +123,11 @@ DeviceEngine::~DeviceEngine() {
                             launches_.load(std::memory_order_acquire) != launchesAtAbort_);
     // Nor where another communicator's kernel is in flight on this GPU: cudaFree waits for
     // the whole GPU, and that kernel may wait for a peer that this aborting thread was about
-    // to abort next (a watchdog ending one communicator after another).
-    const bool othersBusy = aborted && !keep && othersBusyOnGpu();
+    // to abort next (a watchdog ending one communicator after another). In a destroy, only a
+    // kernel that may wait for a thread of this process counts: one of a communicator with
+    // ranks on threads sharing this GPU, whose kernel on it may wait for this rank's next call
+    // (any other kernel ends without this thread, and cudaFree waits for it as NCCL's does).
+    const bool othersBusy = !keep && othersBusyOnGpu(/*siblingsOnly=*/!aborted);
     keep = keep || othersBusy;
     if (aborted) breakLinks();  // peers' kernels stop before anything is freed
     auto stream = static_cast<cudaStream_t>(stream_);
@@ -163,9 +166,11 @@ DeviceEngine::~DeviceEngine() {
     // An abort with work in flight frees no memory (see noteAbort): the words, like the links'
     // FIFOs, are left to the process's exit.
     if (othersBusy) {
-      leave(
-          "aborted while another communicator's GPU work was in flight on its GPU, which a "
-          "cudaFree would wait for");
+      leave(aborted ? "aborted while another communicator's GPU work was in flight on its GPU, "
+                      "which a cudaFree would wait for"
+                    : "destroyed while another communicator's kernel was in flight on its GPU "
+                      "for more than 2 s, which a cudaFree would wait for (that kernel may wait "
+                      "for this thread's next call)");
     } else if (keep) {
       leave("aborted with GPU work in flight or failed, so peers' kernels may still use it");
     } else {
@@ -205,17 +210,18 @@ void DeviceEngine::noteAbort() {
   busyAtAbort_.store(busy, std::memory_order_release);
 }
 
-bool DeviceEngine::othersBusyOnGpu() const {
+bool DeviceEngine::othersBusyOnGpu(bool siblingsOnly) const {
   // Their last launch's end (serial_) alone: it is recorded outside a capture or as an external
   // node, so a query never touches an open capture (done_ may be recorded in one just before
   // its doneCaptured_ says so, and the other engine's lock is not held here). Work that ends
   // within 2 s (another communicator's collective under way) is waited for: only a stuck
   // kernel leaves this engine's memory to the process's exit.
-  return !endsWithin(std::chrono::seconds(2), [this] {
+  return !endsWithin(std::chrono::seconds(2), [this, siblingsOnly] {
     EngineList& l = engineList();
     std::lock_guard<std::mutex> lock(l.mu);
     for (const DeviceEngine* e : l.engines) {
-      if (e != this && e->comm_.cudaDev() == comm_.cudaDev() && eventPending(e->serial_))
+      if (e != this && e->comm_.cudaDev() == comm_.cudaDev() &&
+          (!siblingsOnly || e->siblings_ > 0) && eventPending(e->serial_))
         return true;
     }
     return false;

@@ -106,9 +106,10 @@ class DeviceEngine {
   void findP2pBlockCap();
   // The ranks on this GPU need more blocks resident at once than it holds: says so.
   void warnTooFewResidentBlocks(int resident) const;
-  // Whether another communicator's engine in this process has a launch on this GPU that has
-  // not ended 2 s later: a cudaFree would wait for it.
-  bool othersBusyOnGpu() const;
+  // Whether another communicator's engine in this process (siblingsOnly: one with ranks on
+  // threads sharing this GPU) has a launch on this GPU that has not ended 2 s later: a cudaFree
+  // would wait for it.
+  bool othersBusyOnGpu(bool siblingsOnly) const;
 
   Comm& comm_;
   std::unique_ptr<Links> links_;

@@ -1,0 +1,60 @@
+// Tearing a communicator down while other communicators of the same ranks work on the same GPU
+// (ranks as threads of one process): a cudaFree waits for the whole GPU, where a kernel of
+// another communicator may wait for the very thread that is tearing down.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "gpu/gpu_support.h"
+#include "harness/harness.h"
+
+using namespace tutti::test;
+
+namespace {
+
+// Ranks 0 and 1 on threads share GPU 0 and two communicators, A and B, both used before. Rank 0
+// starts an all-reduce on B, whose kernel waits for rank 1; then both destroy A; then rank 1
+// joins the all-reduce. Had A's destroy freed its memory (cudaFree waits for the GPU), it would
+// have waited for B's kernel, which waits for rank 1's call after its destroy: a deadlock until
+// B's kernel gives up (TUTTI_TIMEOUT). A's memory is left to the process's exit instead.
+TEST(GpuTeardown, ADestroyDoesNotWaitForAnotherCommunicatorsKernelThatWaitsForItsThread) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  std::vector<ncclComm_t> a = initThreads(2), b = initThreads(2);
+  RankBuffers buf(2, 256);
+  std::vector<cudaStream_t> streams(2);
+  for (auto& s : streams)
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  auto allReduce = [&](int r, ncclComm_t c) {
+    EXPECT_EQ(ncclAllReduce(buf.bufs[size_t(r)], buf.bufs[size_t(r)], buf.count, ncclFloat,
+                            ncclSum, c, streams[size_t(r)]),
+              ncclSuccess)
+        << ncclGetLastError(c);
+  };
+  onThreads(2, [&](int r) {  // both engines made: FIFOs allocated
+    allReduce(r, a[size_t(r)]);
+    allReduce(r, b[size_t(r)]);
+    EXPECT_EQ(cudaStreamSynchronize(streams[size_t(r)]), cudaSuccess);
+  });
+  for (int r = 0; r < 2; ++r) buf.fill(r, float(r + 1), streams[size_t(r)]);
+  for (auto& s : streams) ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ThreadBarrier barrier(2);
+  const double start = now();
+  onThreads(2, [&](int r) {
+    if (r == 0) allReduce(0, b[0]);
+    barrier.wait();
+    EXPECT_EQ(ncclCommDestroy(a[size_t(r)]), ncclSuccess);
+    if (r == 1) allReduce(1, b[1]);
+    EXPECT_EQ(cudaStreamSynchronize(streams[size_t(r)]), cudaSuccess);
+  });
+  EXPECT_LT(secondsSince(start), 15.0) << "a destroy waited for the other communicator's kernel";
+  RankFailures failures;
+  for (int r = 0; r < 2; ++r)
+    expectResults(failures, r, b[size_t(r)], streams[size_t(r)], {{&buf, 3.0f}});
+  failures.report();
+  for (ncclComm_t c : b) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  for (auto& s : streams) cudaStreamDestroy(s);
+}
+
+}  // namespace
