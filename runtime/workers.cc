@@ -1,5 +1,6 @@
 #include "runtime/workers.h"
 
+#include "runtime/cuda_shim.h"
 #include "runtime/log.h"
 
 namespace tutti {
@@ -30,6 +31,10 @@ void Worker::wait() {
 
 void Worker::loop() {
   log::setThreadDevice(device_);
+  // The communicator's GPU current, as on its init thread (Comm::startAsync): a thread that
+  // never chose one has GPU 0 current, and a DeviceGuard that restored that (after preparing
+  // a group's part, say) made GPU 0's context in a process that never meant to use GPU 0.
+  if (device_ >= 0) (void)cuda::setDevice(device_);
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stop_ || (busy_ && task_); });

@@ -24,7 +24,11 @@
 //   (cudaMalloc, cudaHostRegister ...); page-locked host memory is mapped;
 //   cudaPointerGetAttributes knows what each allocation is; a kernel launched on a stream of
 //   another device than the current one, or an event recorded on one, is refused;
-// - captures: see cudaemu_graph.cc.
+// - captures: see cudaemu_graph.cc;
+// - what a test may ask that CUDA cannot tell: the calls of each entry point a thread made
+//   (cudaemuThreadCalls), and whether a device's primary context was made (cudaemuContextMade:
+//   by cudaSetDevice, as CUDA 12 does, or by a call on the current device, 0 where a thread
+//   never chose one).
 // What it does not: the GPU's memory model and timing (performance means nothing here), the
 // hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), blocks resident across processes or taken by
 // the application's own kernels, occupancy above one block per SM, the order in which waiting
@@ -40,6 +44,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -109,13 +114,19 @@ struct Device {
   StreamPtr legacyStream;
   std::vector<std::weak_ptr<Stream>> streams;  // every stream of the device, for syncs
   bool peerEnabled[64] = {};
+  // The device's primary context was made: by cudaSetDevice (as CUDA 12 and later do), or by a
+  // call that works on the current device (which is 0 on a thread that never chose one).
+  std::atomic<bool> context{false};
 };
 
 // ---- shared state (cudaemu_streams.cc) ----------------------------------------------------
 int deviceCount();
 Device& device(int id);
+// The current device, whose context the caller is about to use (made if it was not).
 int currentDevice();
-void setCurrentDevice(int id);
+// The current device, for cudaGetDevice alone: asking makes no context.
+int selectedDevice();
+void setCurrentDevice(int id);  // and makes its context
 int threadsPerBlock();
 // The stream a handle names (0 and cudaStreamLegacy: the current device's legacy stream;
 // cudaStreamPerThread: this thread's), or null for a handle that is not a live stream.
@@ -178,3 +189,6 @@ bool refuseCapturedEvent(const EventPtr& e);
 // The calls of an entry point this thread made so far (name: "cudaLaunchKernel"), or of all of
 // them (null); not a CUDA function.
 extern "C" unsigned long cudaemuThreadCalls(const char* name);
+// Whether this process made the primary context of device d (a GPU's memory taken by a
+// process that never meant to use it shows as such a context); not a CUDA function.
+extern "C" int cudaemuContextMade(int d);

@@ -51,6 +51,8 @@ unsigned long cudaemuThreadCalls(const char* name) {
   return n;
 }
 
+int cudaemuContextMade(int d) { return validDevice(d) && device(d).context ? 1 : 0; }
+
 cudaError_t cudaGetLastError(void) {
   CUDAEMU_CALL;
   const cudaError_t e = tLastError;
@@ -115,7 +117,7 @@ cudaError_t cudaGetDevice(int* d) {
   CUDAEMU_CALL;
   if (!d) return fail(cudaErrorInvalidValue);
   if (deviceCount() == 0) return fail(cudaErrorNoDevice);
-  *d = currentDevice();
+  *d = selectedDevice();
   return cudaSuccess;
 }
 

@@ -120,14 +120,21 @@ uint64_t Stream::queuedSoFar() {
 
 int deviceCount() { return int(state().devices.size()); }
 Device& device(int id) { return *state().devices[size_t(id)]; }
-int currentDevice() { return tDevice; }
-void setCurrentDevice(int id) { tDevice = id; }
+int currentDevice() {
+  if (tDevice < deviceCount()) device(tDevice).context = true;
+  return tDevice;
+}
+int selectedDevice() { return tDevice; }
+void setCurrentDevice(int id) {
+  tDevice = id;
+  device(id).context = true;
+}
 int threadsPerBlock() { return state().threads; }
 
 StreamPtr resolve(cudaStream_t h) {
   if (deviceCount() == 0) return nullptr;
   if (h == nullptr || h == cudaStreamLegacy) {
-    Device& d = device(tDevice);
+    Device& d = device(currentDevice());
     std::unique_lock<std::mutex> lock(state().mu);
     if (!d.legacyStream) {
       lock.unlock();
@@ -139,7 +146,7 @@ StreamPtr resolve(cudaStream_t h) {
   }
   if (h == cudaStreamPerThread) {
     if (!tPerThread) tPerThread = new std::map<int, StreamPtr>;  // left at the thread's exit
-    StreamPtr& s = (*tPerThread)[tDevice];
+    StreamPtr& s = (*tPerThread)[currentDevice()];
     if (!s) s = makeStream(tDevice, true, false);
     return s;
   }

@@ -10,6 +10,8 @@
 
 #include "gpu/gpu_support.h"
 
+extern "C" int cudaemuContextMade(int d);  // tests/cudaemu
+
 using namespace tutti::test;
 
 namespace {
@@ -44,19 +46,18 @@ TEST(GpuEmuChild, DISABLED_TwelveRanksAllReduceOnce) {
   for (cudaStream_t s : streams) cudaStreamDestroy(s);
 }
 
-// What the child printed, and whether it passed.
-std::string runChild(int sms, bool* passed) {
+// Runs this binary's test GpuEmuChild.DISABLED_<test> with `env` (VAR=value ...) set: what it
+// printed, and whether it passed.
+std::string runChild(const std::string& env, const std::string& test, bool* passed) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return "";
   self[n] = 0;
-  // A hang fails within the test's limit, with the child's output; a cap of sends' blocks from
-  // the environment would change what is said.
-  const std::string cmd =
-      "env -u TUTTI_P2P_MAX_BLOCKS TUTTI_TIMEOUT=30 TUTTI_EMU_SMS=" + std::to_string(sms) +
-      " NCCL_DEBUG=WARN '" + self +
-      "' --gtest_also_run_disabled_tests "
-      "--gtest_filter=GpuEmuChild.DISABLED_TwelveRanksAllReduceOnce 2>&1";
+  // A hang fails within the test's limit, with the child's output.
+  const std::string cmd = "env " + env + " TUTTI_TIMEOUT=30 '" + self +
+                          "' --gtest_also_run_disabled_tests "
+                          "--gtest_filter=GpuEmuChild.DISABLED_" +
+                          test + " 2>&1";
   std::string out;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return "";
@@ -73,7 +74,12 @@ std::string runChild(int sms, bool* passed) {
 TEST(GpuEmu, RanksOnAGpuTooSmallForTheirSendsAndReceivesAreWarnedOnce) {
   SKIP_WITHOUT_GPU();
   bool passed = false;
-  const std::string small = runChild(16, &passed);
+  // (A cap of sends' blocks from the environment would change what is said.)
+  auto runAt = [&](int sms) {
+    return runChild("-u TUTTI_P2P_MAX_BLOCKS NCCL_DEBUG=WARN TUTTI_EMU_SMS=" + std::to_string(sms),
+                    "TwelveRanksAllReduceOnce", &passed);
+  };
+  const std::string small = runAt(16);
   EXPECT_TRUE(passed) << small;
   const std::string warning =
       "rank 0: 12 ranks of this communicator share GPU 0, which runs 16 blocks of tutti's "
@@ -82,9 +88,51 @@ TEST(GpuEmu, RanksOnAGpuTooSmallForTheirSendsAndReceivesAreWarnedOnce) {
   const size_t at = small.find(warning);
   EXPECT_NE(at, std::string::npos) << small;
   EXPECT_EQ(small.find("share GPU 0, which runs", at + warning.size()), std::string::npos) << small;
-  const std::string big = runChild(132, &passed);
+  const std::string big = runAt(132);
   EXPECT_TRUE(passed) << big;
   EXPECT_EQ(big.find("share GPU 0, which runs"), std::string::npos) << big;
+}
+
+// Run by the test below in a child, with two GPUs: ranks 0 and 1 of two communicators on GPU
+// 1, made and called by a thread that chose GPU 1, in one group across the communicators
+// (whose parts the others' engines prepare on threads of their own), then destroyed.
+TEST(GpuEmuChild, DISABLED_TwoCommunicatorsOnGpu1InOneGroup) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  std::vector<ncclComm_t> comms(4);
+  std::vector<int> devs(2, 1);
+  ASSERT_EQ(ncclCommInitAll(comms.data(), 2, devs.data()), ncclSuccess);
+  ASSERT_EQ(ncclCommInitAll(comms.data() + 2, 2, devs.data()), ncclSuccess);
+  RankBuffers b(4, 64);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  for (int r = 0; r < 4; ++r) b.fill(r, 1.0f, s);
+  for (int round = 0; round < 2; ++round) {  // the first makes the engines
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int c = 0; c < 4; ++c)
+      EXPECT_EQ(ncclAllReduce(b.bufs[size_t(c)], b.bufs[size_t(c)], b.count, ncclFloat, ncclSum,
+                              comms[size_t(c)], s),
+                ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  }
+  RankFailures failures;
+  for (int c = 0; c < 4; ++c) expectResults(failures, c, comms[size_t(c)], s, {{&b, 4.0f}});
+  failures.report();
+  for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  cudaStreamDestroy(s);
+  EXPECT_EQ(cudaemuContextMade(0), 0) << "a context was made on GPU 0";
+  EXPECT_EQ(cudaemuContextMade(1), 1);
+}
+
+// A process whose ranks are all on GPU 1 takes nothing on GPU 0: none of tutti's threads makes
+// a context there (a thread that never chose a device has device 0 current, and CUDA 12 makes a
+// device's context at cudaSetDevice: restoring "the caller's" device 0 on such a thread made
+// one, as torchrun's processes on GPUs 1-7 each would, taking GPU 0's memory).
+TEST(GpuEmu, RanksOnGpu1MakeNoContextOnGpu0) {
+  SKIP_WITHOUT_GPU();
+  bool passed = false;
+  const std::string out = runChild("TUTTI_EMU_GPUS=2", "TwoCommunicatorsOnGpu1InOneGroup", &passed);
+  EXPECT_TRUE(passed) << out;
 }
 
 // The emulator's memcheck: a cudaMalloc'd buffer ends (to CUDA's 256-byte alignment) at a page
