@@ -57,4 +57,30 @@ TEST(GpuTeardown, ADestroyDoesNotWaitForAnotherCommunicatorsKernelThatWaitsForIt
   for (auto& s : streams) cudaStreamDestroy(s);
 }
 
+// A CUDA error the application has not read yet (a failed cudaMalloc of its own) is still
+// there for it after a destroy or an abort, whose own CUDA calls succeed; an error of tutti's
+// own is not left for it.
+TEST(GpuTeardown, DestroyAndAbortLeaveTheApplicationsPendingCudaErrorForIt) {
+  SKIP_WITHOUT_GPU();
+  for (bool abort : {false, true}) {
+    std::vector<ncclComm_t> comms = initThreads(2);
+    RankBuffers buf(2, 256);
+    std::vector<cudaStream_t> streams(2);
+    for (auto& s : streams)
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    onThreads(2, [&](int r) {  // engines made: their teardown has memory to free
+      EXPECT_EQ(ncclAllReduce(buf.bufs[size_t(r)], buf.bufs[size_t(r)], buf.count, ncclFloat,
+                              ncclSum, comms[size_t(r)], streams[size_t(r)]),
+                ncclSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(streams[size_t(r)]), cudaSuccess);
+    });
+    void* huge = nullptr;
+    ASSERT_NE(cudaMalloc(&huge, size_t(1) << 62), cudaSuccess);
+    for (ncclComm_t c : comms) EXPECT_EQ(abort ? ncclCommAbort(c) : ncclCommDestroy(c), ncclSuccess);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation) << (abort ? "abort" : "destroy");
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    for (auto& s : streams) cudaStreamDestroy(s);
+  }
+}
+
 }  // namespace

@@ -192,20 +192,24 @@ class P2pConnection : public Connection {
     }
     // Same process: the FIFO goes with the last of its two ends (BrokenWords::drop).
     char* lastEnd = m_.broken ? BrokenWords::drop(m_.broken, m_.owner ? m_.dev : nullptr) : nullptr;
+    // A failure of ours is cleared (not sticky for the application); an error the application
+    // has not read yet stays for it.
+    bool failed = false;
+    auto check = [&failed](cudaError_t e) { failed = failed || e != cudaSuccess; };
     if (m_.brokenPage) {
-      cudaHostUnregister(m_.brokenPage);
+      check(cudaHostUnregister(m_.brokenPage));
       munmap(m_.brokenPage, kBrokenPageBytes);
     }
-    if (m_.ownStep) cudaFree(m_.ownStep);
+    if (m_.ownStep) check(cudaFree(m_.ownStep));
     if (m_.mode == kDevice) {
-      if (m_.ipcOpened) cudaIpcCloseMemHandle(m_.dev);
-      if (m_.owner && !m_.broken) cudaFree(m_.dev);  // another process's end: its own mapping
-      if (lastEnd) cudaFree(lastEnd);
+      if (m_.ipcOpened) check(cudaIpcCloseMemHandle(m_.dev));
+      if (m_.owner && !m_.broken) check(cudaFree(m_.dev));  // another process's end: its own
+      if (lastEnd) check(cudaFree(lastEnd));
     } else {
-      cudaHostUnregister(m_.host);
+      check(cudaHostUnregister(m_.host));
       munmap(m_.host, m_.bytes);
     }
-    cudaGetLastError();
+    if (failed) cudaGetLastError();
   }
   Status health() const override { return Status::Ok(); }
   // Tell the peer's kernels this side is gone (or this side's, that the peer's process exited):
