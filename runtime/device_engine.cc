@@ -176,6 +176,15 @@ DeviceEngine::~DeviceEngine() {
       cudaFreeHost(abortHost_);
       cudaFreeHost(errHost_.load());
       cudaFree(errClaim_);
+      // Idle here, but a peer process's kernel may still write into this rank's FIFOs: kept.
+      const size_t kept = aborted && links_ ? links_->abandonIfOtherProcessesWrite() : 0;
+      if (kept > 0) {
+        TUTTI_WARN(
+            "rank %d: aborted: %zu bytes of GPU memory (its FIFOs that ranks in other "
+            "processes write into, which their kernels may still do) stay allocated until the "
+            "process exits",
+            comm_.rank(), kept);
+      }
     }
     links_.reset();  // FIFOs and IPC handles: on this GPU too
   }

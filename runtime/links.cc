@@ -208,6 +208,13 @@ size_t Links::abandonAll() {
   return bytes;
 }
 
+size_t Links::abandonIfOtherProcessesWrite() {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t bytes = 0;
+  for (auto& [n, c] : conns_) bytes += c->abandonIfOtherProcessWrites();
+  return bytes;
+}
+
 bool Links::peerGone(int peer) {
   // Link setup holds the lock while it waits for peers (bootstrap): never wait for it here.
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);

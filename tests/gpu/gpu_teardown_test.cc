@@ -57,6 +57,23 @@ TEST(GpuTeardown, ADestroyDoesNotWaitForAnotherCommunicatorsKernelThatWaitsForIt
   for (auto& s : streams) cudaStreamDestroy(s);
 }
 
+// Rank 0 aborts, idle, while rank 1 -- another process, which writes into rank 0's FIFO through
+// CUDA IPC -- has a kernel under way that sent into it. Freeing that FIFO could hand it to rank
+// 0's next allocation while rank 1 writes: rank 0 keeps it, and says so; rank 1's kernel stops
+// with the abort.
+TEST(GpuTeardown, AnAbortKeepsTheFifosOtherProcessesWriteInto) {
+  SKIP_WITHOUT_GPU();
+  RunResult r = runShell(std::string("NCCL_DEBUG=WARN TUTTI_TIMEOUT=600 timeout 60 ") +
+                         TUTTI_RUN_BIN + " -n 2 " + TUTTI_TEST_RANK_BIN + " abortidle-device 2>&1");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("abort peer: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 0: aborted: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(its FIFOs that ranks in other processes write into, which their "
+                          "kernels may still do) stay allocated until the process exits"),
+            std::string::npos)
+      << r.output;
+}
+
 // A CUDA error the application has not read yet (a failed cudaMalloc of its own) is still
 // there for it after a destroy or an abort, whose own CUDA calls succeed; an error of tutti's
 // own is not left for it.

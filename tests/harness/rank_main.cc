@@ -14,6 +14,10 @@
 //                all-reduce, so rank 0 waits to receive, on its own FIFO; peerexit-device-big:
 //                a 64 MiB ncclSend that rank 1 never receives, more than a FIFO holds, so rank
 //                0 waits for credit from the FIFO in rank 1's memory (over CUDA IPC)
+//   abortidle-device  2 ranks on GPU buffers: one all-reduce together; then rank 1 starts another,
+//                whose kernel sends into rank 0's FIFO (free slots) and waits, while rank 0
+//                aborts, idle, and stays 2 s more: rank 1 prints "abort peer: <async result>:
+//                <message>" and exits 0 when its kernel stopped with ncclRemoteError
 //   settingsmismatch  rank 1 reads TUTTI_TEST_RANK1_SETS ("NAME=VALUE") into its environment
 //                before init; every rank then calls a host-buffer all-reduce, and a grouped
 //                broadcast: prints "settingsmismatch: <result>: <message>" and "... async <r>,
@@ -45,6 +49,24 @@ int failWith(const char* what, ncclComm_t comm) {
   fprintf(stderr, "%s failed: %s\n", what, ncclGetLastError(comm));
   return 1;
 }
+
+#ifdef TUTTI_HAVE_CUDA
+// A stream and `count` zeroed floats of GPU memory, and a first all-reduce of 1024 of them
+// together (it makes every channel's ring links): 0, or the exit status of a failure.
+int deviceStart(ncclComm_t comm, size_t count, cudaStream_t* s, float** d) {
+  if (cudaStreamCreateWithFlags(s, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaMalloc(d, count * 4) != cudaSuccess ||
+      cudaMemsetAsync(*d, 0, count * 4, *s) != cudaSuccess) {
+    fprintf(stderr, "CUDA set-up failed\n");
+    return 1;
+  }
+  if (ncclAllReduce(*d, *d, 1024, ncclFloat, ncclSum, comm, *s) != ncclSuccess ||
+      cudaStreamSynchronize(*s) != cudaSuccess) {
+    return failWith("the first all-reduce", comm);
+  }
+  return 0;
+}
+#endif
 
 int checkComm(ncclComm_t comm, int wantRank, int wantSize) {
   int rank = -1, size = 0;
@@ -131,17 +153,8 @@ int main(int argc, char** argv) {
     const size_t count = big ? (16u << 20) : 1024;
     cudaStream_t s = nullptr;
     float* d = nullptr;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaMalloc(&d, count * 4) != cudaSuccess ||
-        cudaMemsetAsync(d, 0, count * 4, s) != cudaSuccess) {
-      fprintf(stderr, "CUDA set-up failed\n");
-      return 1;
-    }
     // Small: it makes every channel's ring links, the send link to rank 1 among them.
-    if (ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, s) != ncclSuccess ||
-        cudaStreamSynchronize(s) != cudaSuccess) {
-      return failWith("the first all-reduce", comm);
-    }
+    if (int rc = deviceStart(comm, count, &s, &d)) return rc;
     if (rank == 1) {
       sleep(1);  // rank 0's next kernel waits for this rank by then
       _exit(0);
@@ -163,6 +176,31 @@ int main(int argc, char** argv) {
                : 1;
 #else
     fprintf(stderr, "peerexit-device: this build has no CUDA\n");
+    return 1;
+#endif
+  }
+  if (mode == "abortidle-device") {
+#ifdef TUTTI_HAVE_CUDA
+    cudaStream_t s = nullptr;
+    float* d = nullptr;
+    if (int rc = deviceStart(comm, 1024, &s, &d)) return rc;
+    if (rank == 0) {
+      sleep(1);  // rank 1's kernel has sent and waits by then
+      ncclCommAbort(comm);
+      sleep(2);  // this process (and its memory) stays while rank 1's kernel notices
+      return 0;
+    }
+    const ncclResult_t r = ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, s);
+    const cudaError_t e = cudaStreamSynchronize(s);
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
+    printf("abort peer: %s, %s, async %s: %s\n", ncclGetErrorString(r), cudaGetErrorString(e),
+           ncclGetErrorString(async), ncclGetLastError(comm));
+    fflush(stdout);
+    ncclCommAbort(comm);
+    return r == ncclSuccess && e == cudaSuccess && async == ncclRemoteError ? 0 : 1;
+#else
+    fprintf(stderr, "abortidle-device: this build has no CUDA\n");
     return 1;
 #endif
   }

@@ -13,9 +13,10 @@
 // of a mapped FIFO; for a FIFO in GPU memory, a word of a pooled pinned page where both ends are
 // in one process, else a page of POSIX shared memory both register as mapped): abort sets it
 // with a store, never with a copy on a stream, which could queue behind a kernel that waits for
-// that very word. An abandoned link (an abort with work in flight, see DeviceEngine::noteAbort)
-// leaves its memory to the process's exit: the peer's kernel may still touch it, and a free
-// may wait for the GPU.
+// that very word. An abandoned link (an abort with work in flight, see DeviceEngine::noteAbort;
+// at any abort, a FIFO in GPU memory that a sender in another process writes into) leaves its
+// memory to the process's exit: the peer's kernel may still touch it, and a free may wait for
+// the GPU.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -226,6 +227,12 @@ class P2pConnection : public Connection {
   size_t abandon() override {
     abandoned_ = true;
     return m_.owner ? m_.bytes : 0;
+  }
+  size_t abandonIfOtherProcessWrites() override {
+    // The receiver's FIFO in GPU memory, opened over CUDA IPC by a sender in another process
+    // (a mapped FIFO is shared memory, which outlives this side's unmapping).
+    if (m_.mode != kDevice || !m_.owner || m_.broken) return 0;
+    return abandon();
   }
   const char* transportName() const override { return m_.mode == kDevice ? "p2p" : "shm/mapped"; }
   static constexpr size_t kBrokenPageBytes = 4096;
