@@ -380,9 +380,20 @@ Status DeviceEngine::launchAll() {
       many = devplan::p2pWork(l);
       args[0] = many.get();
     }
-    TUTTI_TRY(
-        cudaCheck("cudaLaunchKernel", cudaLaunchKernel(kernels_[i], dim3(unsigned(l.blocks)),
-                                                       dim3(dev::kThreads), args, 0, target)));
+    const int err = cudaLaunchKernel(kernels_[i], dim3(unsigned(l.blocks)), dim3(dev::kThreads),
+                                     args, 0, target);
+    if (err != cudaSuccess) {
+      // Which operation, and how the launch was shaped: what a failed launch is asked first.
+      const dev::DevOp& first = l.work.ops[0];
+      const size_t more = size_t(std::max(l.work.nops, 1) - 1) + l.more.size();
+      const std::string what =
+          "launching the kernel of nccl" + std::string(collKindName(CollKind(first.kind))) +
+          " (opCount " + std::to_string(first.seq) +
+          (more > 0 ? ", with " + std::to_string(more) + " more in its group" : std::string()) +
+          ") on GPU " + std::to_string(comm_.cudaDev()) + ", " + std::to_string(l.blocks) +
+          " blocks of " + std::to_string(dev::kThreads) + " threads: cudaLaunchKernel";
+      return cudaCheck(what.c_str(), err);
+    }
   }
   return copiesBefore(plan_.launches.size());
 }

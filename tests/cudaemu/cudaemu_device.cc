@@ -74,6 +74,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     NAME(cudaErrorInvalidValue)
     NAME(cudaErrorMemoryAllocation)
     NAME(cudaErrorInvalidConfiguration)
+    NAME(cudaErrorLaunchOutOfResources)
     NAME(cudaErrorInvalidDevice)
     NAME(cudaErrorInvalidDeviceFunction)
     NAME(cudaErrorInvalidResourceHandle)

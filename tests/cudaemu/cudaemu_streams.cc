@@ -358,6 +358,12 @@ cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** arg
     return fail(cudaErrorInvalidConfiguration);
   // A stream of another device than the current one is another context's.
   if (s->device != currentDevice()) return fail(cudaErrorInvalidResourceHandle);
+  // TUTTI_EMU_FAIL_LAUNCH_AFTER=n: the launches after the process's first n fail, as a launch
+  // that asks for more than the GPU has left does (the library's failure path, for tests).
+  static const int launchLimit = envInt("TUTTI_EMU_FAIL_LAUNCH_AFTER", -1, -1, 1 << 30);
+  static std::atomic<int> launches{0};
+  if (launchLimit >= 0 && launches.fetch_add(1) >= launchLimit)
+    return fail(cudaErrorLaunchOutOfResources);
   if (func == tutti::dev::p2pManyKernel())
     return launchOn<tutti::dev::DevP2pWork>(s, func, grid.x, args[0]);
   static const std::set<const void*> known = [] {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gpu/gpu_support.h"
+#include "harness/harness.h"
 
 extern "C" int cudaemuContextMade(int d);  // tests/cudaemu
 
@@ -132,6 +133,52 @@ TEST(GpuEmu, RanksOnGpu1MakeNoContextOnGpu0) {
   SKIP_WITHOUT_GPU();
   bool passed = false;
   const std::string out = runChild("TUTTI_EMU_GPUS=2", "TwoCommunicatorsOnGpu1InOneGroup", &passed);
+  EXPECT_TRUE(passed) << out;
+}
+
+// Run by the test below in a child whose launches after its first fail: ranks 0 and 1 on GPU 0,
+// made by one thread, all-reduce in one group; rank 0's kernel is launched, rank 1's is not.
+TEST(GpuEmuChild, DISABLED_TwoRanksWhoseSecondLaunchFails) {
+  SKIP_WITHOUT_GPU();
+  std::vector<ncclComm_t> comms(2);
+  std::vector<int> devs(2, 0);
+  ASSERT_EQ(ncclCommInitAll(comms.data(), 2, devs.data()), ncclSuccess);
+  RankBuffers b(2, 1024);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], b.count, ncclFloat, ncclSum,
+                            comms[size_t(r)], s),
+              ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclUnhandledCudaError);
+  const std::string msg = ncclGetLastError(comms[1]);
+  EXPECT_NE(msg.find("rank 1: launching the kernel of ncclAllReduce (opCount 0) on GPU 0, "),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("cudaLaunchKernel: cudaErrorLaunchOutOfResources"), std::string::npos) << msg;
+  // Rank 0's kernel, launched, waits for rank 1's, which will never come: it stops at once.
+  const double start = now();
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_LT(secondsSince(start), 10.0) << "rank 0's kernel waited for its deadline";
+  for (ncclComm_t c : comms) {
+    ncclResult_t async = ncclSuccess;
+    EXPECT_EQ(ncclCommGetAsyncError(c, &async), ncclSuccess);
+    EXPECT_NE(async, ncclSuccess) << "both ranks' communicators fail";
+    EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+  }
+  cudaStreamDestroy(s);
+}
+
+// A launch that fails (here the emulator's, TUTTI_EMU_FAIL_LAUNCH_AFTER) is reported naming the
+// rank, the operation, the GPU and the launch's shape, fails the group and the communicators,
+// and stops the kernels already launched for it instead of leaving them to wait for their
+// deadline.
+TEST(GpuEmu, AFailedLaunchIsNamedAndStopsTheKernelsLaunchedWithIt) {
+  SKIP_WITHOUT_GPU();
+  bool passed = false;
+  const std::string out = runChild("TUTTI_EMU_FAIL_LAUNCH_AFTER=1", "TwoRanksWhoseSecondLaunchFails",
+                                   &passed);
   EXPECT_TRUE(passed) << out;
 }
 
