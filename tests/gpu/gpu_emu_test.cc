@@ -19,6 +19,18 @@ namespace {
 
 constexpr int kRanks = 12;
 
+// Every communicator all-reduces its buffer of b in place, in one group, on streams[c] (or on
+// the one stream given): ncclGroupEnd's result, or the first call's that failed.
+ncclResult_t allReduceInOneGroup(const std::vector<ncclComm_t>& comms, RankBuffers& b,
+                                 const std::vector<cudaStream_t>& streams) {
+  ncclResult_t res = ncclGroupStart();
+  for (size_t c = 0; c < comms.size() && res == ncclSuccess; ++c)
+    res = ncclAllReduce(b.bufs[c], b.bufs[c], b.count, ncclFloat, ncclSum, comms[c],
+                        streams[streams.size() == 1 ? 0 : c]);
+  const ncclResult_t end = ncclGroupEnd();
+  return res != ncclSuccess ? res : end;
+}
+
 // Run by the test below in a child: 12 ranks on GPU 0, made by one thread, all-reduce one
 // float in one group.
 TEST(GpuEmuChild, DISABLED_TwelveRanksAllReduceOnce) {
@@ -32,13 +44,7 @@ TEST(GpuEmuChild, DISABLED_TwelveRanksAllReduceOnce) {
     ASSERT_EQ(cudaStreamCreateWithFlags(&streams[size_t(r)], cudaStreamNonBlocking), cudaSuccess);
     b.fill(r, 1.0f, streams[size_t(r)]);
   }
-  ncclResult_t res = ncclGroupStart();
-  for (int r = 0; r < kRanks && res == ncclSuccess; ++r)
-    res = ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], 1, ncclFloat, ncclSum,
-                        comms[size_t(r)], streams[size_t(r)]);
-  const ncclResult_t end = ncclGroupEnd();
-  EXPECT_EQ(res, ncclSuccess);
-  EXPECT_EQ(end, ncclSuccess);
+  EXPECT_EQ(allReduceInOneGroup(comms, b, streams), ncclSuccess);
   RankFailures failures;
   for (int r = 0; r < kRanks; ++r)
     expectResults(failures, r, comms[size_t(r)], streams[size_t(r)], {{&b, float(kRanks)}});
@@ -108,14 +114,8 @@ TEST(GpuEmuChild, DISABLED_TwoCommunicatorsOnGpu1InOneGroup) {
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   for (int r = 0; r < 4; ++r) b.fill(r, 1.0f, s);
-  for (int round = 0; round < 2; ++round) {  // the first makes the engines
-    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-    for (int c = 0; c < 4; ++c)
-      EXPECT_EQ(ncclAllReduce(b.bufs[size_t(c)], b.bufs[size_t(c)], b.count, ncclFloat, ncclSum,
-                              comms[size_t(c)], s),
-                ncclSuccess);
-    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
-  }
+  for (int round = 0; round < 2; ++round)  // the first makes the engines
+    ASSERT_EQ(allReduceInOneGroup(comms, b, {s}), ncclSuccess);
   RankFailures failures;
   for (int c = 0; c < 4; ++c) expectResults(failures, c, comms[size_t(c)], s, {{&b, 4.0f}});
   failures.report();
@@ -146,12 +146,7 @@ TEST(GpuEmuChild, DISABLED_TwoRanksWhoseSecondLaunchFails) {
   RankBuffers b(2, 1024);
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  for (int r = 0; r < 2; ++r)
-    EXPECT_EQ(ncclAllReduce(b.bufs[size_t(r)], b.bufs[size_t(r)], b.count, ncclFloat, ncclSum,
-                            comms[size_t(r)], s),
-              ncclSuccess);
-  EXPECT_EQ(ncclGroupEnd(), ncclUnhandledCudaError);
+  EXPECT_EQ(allReduceInOneGroup(comms, b, {s}), ncclUnhandledCudaError);
   const std::string msg = ncclGetLastError(comms[1]);
   EXPECT_NE(msg.find("rank 1: launching the kernel of ncclAllReduce (opCount 0) on GPU 0, "),
             std::string::npos)
