@@ -227,8 +227,11 @@ bool DeviceEngine::othersBusyOnGpu(bool siblingsOnly) const {
     EngineList& l = engineList();
     std::lock_guard<std::mutex> lock(l.mu);
     for (const DeviceEngine* e : l.engines) {
+      // (Not, in a destroy, this communicator's other ranks here: their kernels wait for this
+      // rank's, launched already, never for this thread's next call.)
       if (e != this && e->comm_.cudaDev() == comm_.cudaDev() &&
-          (!siblingsOnly || e->siblings_ > 0) && eventPending(e->serial_))
+          (!siblingsOnly || (e->siblings_ > 0 && e->comm_.commHash() != comm_.commHash())) &&
+          eventPending(e->serial_))
         return true;
     }
     return false;

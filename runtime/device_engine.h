@@ -107,8 +107,8 @@ class DeviceEngine {
   // The ranks on this GPU need more blocks resident at once than it holds: says so.
   void warnTooFewResidentBlocks(int resident) const;
   // Whether another communicator's engine in this process (siblingsOnly: one with ranks on
-  // threads sharing this GPU) has a launch on this GPU that has not ended 2 s later: a cudaFree
-  // would wait for it.
+  // threads sharing this GPU, not this communicator's) has a launch on this GPU that has not
+  // ended 2 s later: a cudaFree would wait for it.
   bool othersBusyOnGpu(bool siblingsOnly) const;
 
   Comm& comm_;

@@ -20,13 +20,16 @@ void formatBusId(char* out, int len, int d) {
 }
 
 thread_local int tCallDepth = 0;  // entry points this thread is inside
-thread_local std::map<std::string, unsigned long> tCalls;
+// Left at the thread's exit (a call from a destructor that runs after the thread's own would
+// find it gone).
+thread_local std::map<std::string, unsigned long>* tCalls = nullptr;
 
 }  // namespace
 
 ApiCall::ApiCall(const char* name) {
   if (tCallDepth++ != 0) return;
-  ++tCalls[name];
+  if (!tCalls) tCalls = new std::map<std::string, unsigned long>;
+  ++(*tCalls)[name];
 }
 ApiCall::~ApiCall() { --tCallDepth; }
 
@@ -42,12 +45,13 @@ using namespace cudaemu;
 extern "C" {
 
 unsigned long cudaemuThreadCalls(const char* name) {
+  if (!tCalls) return 0;
   if (name != nullptr) {
-    auto it = tCalls.find(name);
-    return it == tCalls.end() ? 0 : it->second;
+    auto it = tCalls->find(name);
+    return it == tCalls->end() ? 0 : it->second;
   }
   unsigned long n = 0;
-  for (const auto& [_, count] : tCalls) n += count;
+  for (const auto& [_, count] : *tCalls) n += count;
   return n;
 }
 

@@ -121,7 +121,8 @@ uint64_t Stream::queuedSoFar() {
 int deviceCount() { return int(state().devices.size()); }
 Device& device(int id) { return *state().devices[size_t(id)]; }
 int currentDevice() {
-  if (tDevice < deviceCount()) device(tDevice).context = true;
+  if (tDevice < deviceCount() && !device(tDevice).context.load(std::memory_order_relaxed))
+    device(tDevice).context = true;
   return tDevice;
 }
 int selectedDevice() { return tDevice; }

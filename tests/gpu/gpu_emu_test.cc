@@ -53,26 +53,9 @@ TEST(GpuEmuChild, DISABLED_TwelveRanksAllReduceOnce) {
   for (cudaStream_t s : streams) cudaStreamDestroy(s);
 }
 
-// Runs this binary's test GpuEmuChild.DISABLED_<test> with `env` (VAR=value ...) set: what it
-// printed, and whether it passed.
+// Runs this binary's test GpuEmuChild.DISABLED_<test> with `env` set (runChildTest).
 std::string runChild(const std::string& env, const std::string& test, bool* passed) {
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return "";
-  self[n] = 0;
-  // A hang fails within the test's limit, with the child's output.
-  const std::string cmd = "env " + env + " TUTTI_TIMEOUT=30 '" + self +
-                          "' --gtest_also_run_disabled_tests "
-                          "--gtest_filter=GpuEmuChild.DISABLED_" +
-                          test + " 2>&1";
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return "";
-  char buf[4096];
-  size_t got;
-  while ((got = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, got);
-  *passed = pclose(p) == 0;
-  return out;
+  return runChildTest(env, "GpuEmuChild.DISABLED_" + test, passed);
 }
 
 // 12 ranks on a GPU of 16 resident blocks: collectives fit (12 blocks), a group of sends and

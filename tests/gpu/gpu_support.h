@@ -5,10 +5,12 @@
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -75,6 +77,28 @@ class StreamGate {
   Flag released_ = std::make_shared<std::atomic<bool>>(false);
   std::thread safety_;  // last: it uses the members above
 };
+
+// Runs this binary's gtest `test` (its full name, DISABLED_ ones too) in a child process with
+// `env` (VAR=value ..., or -u VAR) set: what it printed, and whether it passed. For what the
+// process's start fixes (the emulator's GPUs, the log's level). A hang fails within the
+// child's TUTTI_TIMEOUT (30 s), with its output.
+inline std::string runChildTest(const std::string& env, const std::string& test, bool* passed) {
+  *passed = false;
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "";
+  self[n] = 0;
+  const std::string cmd = "env " + env + " TUTTI_TIMEOUT=30 '" + self +
+                          "' --gtest_also_run_disabled_tests --gtest_filter=" + test + " 2>&1";
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return "";
+  char buf[4096];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, got);
+  *passed = pclose(p) == 0;
+  return out;
+}
 
 // All rank threads meet here before going on.
 class ThreadBarrier {

@@ -4,6 +4,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu/gpu_support.h"
@@ -72,6 +75,47 @@ TEST(GpuTeardown, AnAbortKeepsTheFifosOtherProcessesWriteInto) {
                           "kernels may still do) stay allocated until the process exits"),
             std::string::npos)
       << r.output;
+}
+
+// Run by the test below in a child: 3 ranks on threads, an all-reduce together (which links
+// them), then another that rank 2 calls 3 s after the others; rank 0 destroys its communicator
+// right after its own call, rank 1 4 s after.
+TEST(GpuTeardownChild, DISABLED_ADestroyRightAfterTheCallWhileASiblingIsLate) {
+  SKIP_WITHOUT_GPU();
+  std::vector<ncclComm_t> comms = initThreads(3);
+  RankBuffers buf(3, 256);
+  std::vector<cudaStream_t> streams(3);
+  for (auto& s : streams)
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  onThreads(3, [&](int r) {
+    auto allReduce = [&] {
+      EXPECT_EQ(ncclAllReduce(buf.bufs[size_t(r)], buf.bufs[size_t(r)], buf.count, ncclFloat,
+                              ncclSum, comms[size_t(r)], streams[size_t(r)]),
+                ncclSuccess);
+    };
+    allReduce();
+    EXPECT_EQ(cudaStreamSynchronize(streams[size_t(r)]), cudaSuccess);
+    if (r == 2) std::this_thread::sleep_for(std::chrono::seconds(3));
+    allReduce();
+    if (r == 1) std::this_thread::sleep_for(std::chrono::seconds(4));
+    EXPECT_EQ(ncclCommDestroy(comms[size_t(r)]), ncclSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(streams[size_t(r)]), cudaSuccess);
+  });
+  for (auto& s : streams) cudaStreamDestroy(s);
+}
+
+// There, rank 0's destroy finds rank 1's kernel of the same communicator waiting (for rank 2)
+// more than 2 s. That kernel waits for ranks' calls already made or to come from their own
+// threads, never for rank 0's thread: the destroy waits for its own kernel and frees its memory,
+// as any destroy (it took the kernel for another communicator's, and left its memory).
+TEST(GpuTeardown, ADestroyWhileItsOwnCommunicatorsSiblingIsLateFreesItsMemory) {
+  SKIP_WITHOUT_GPU();
+  bool passed = false;
+  const std::string out = runChildTest(
+      "NCCL_DEBUG=WARN", "GpuTeardownChild.DISABLED_ADestroyRightAfterTheCallWhileASiblingIsLate",
+      &passed);
+  EXPECT_TRUE(passed) << out;
+  EXPECT_EQ(out.find("stay allocated until the process exits"), std::string::npos) << out;
 }
 
 // A CUDA error the application has not read yet (a failed cudaMalloc of its own) is still
