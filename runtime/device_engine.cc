@@ -177,12 +177,13 @@ DeviceEngine::~DeviceEngine() {
       cudaFreeHost(errHost_.load());
       cudaFree(errClaim_);
       // Idle here, but a peer process's kernel may still write into this rank's FIFOs: kept.
-      const size_t kept = aborted && links_ ? links_->abandonIfOtherProcessesWrite() : 0;
+      const size_t kept = aborted && links_ ? links_->keepIfOtherProcessesWrite() : 0;
       if (kept > 0) {
         TUTTI_WARN(
             "rank %d: aborted: %zu bytes of GPU memory (its FIFOs that ranks in other "
-            "processes write into, which their kernels may still do) stay allocated until the "
-            "process exits",
+            "processes write into, which their kernels may still do) stay allocated a while: "
+            "the process's next communicator on GPUs frees them (TUTTI_ABORT_KEEP_S after the "
+            "abort at the earliest), else its exit",
             comm_.rank(), kept);
       }
     }
@@ -196,7 +197,9 @@ DeviceEngine::~DeviceEngine() {
 // this rank's FIFOs (until they see the broken words), and a cudaFree may wait for the whole
 // GPU, where another communicator's kernel may wait for the aborting thread (a watchdog that
 // aborts one communicator after another). Such an abort frees nothing. The abort of an idle,
-// healthy communicator -- a framework's ordinary teardown -- frees everything, as destroy does.
+// healthy communicator -- a framework's ordinary teardown -- frees everything, as destroy does,
+// but the FIFOs that ranks of other processes write into, which are freed a while later
+// (transports/p2p: KeptFifos).
 // A replay of a captured launch records serial_ as it ends, so a hung replay counts as work in
 // flight too.
 void DeviceEngine::noteAbort() {

@@ -208,10 +208,10 @@ size_t Links::abandonAll() {
   return bytes;
 }
 
-size_t Links::abandonIfOtherProcessesWrite() {
+size_t Links::keepIfOtherProcessesWrite() {
   std::lock_guard<std::mutex> lock(mu_);
   size_t bytes = 0;
-  for (auto& [n, c] : conns_) bytes += c->abandonIfOtherProcessWrites();
+  for (auto& [n, c] : conns_) bytes += c->keepIfOtherProcessWrites();
   return bytes;
 }
 

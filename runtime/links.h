@@ -50,8 +50,9 @@ class Links {
   bool peerGone(int peer);
   // Every link's memory is left to the process's exit (Connection::abandon): the bytes.
   size_t abandonAll();
-  // The same for memory that peers in other processes write into (an abort): the bytes.
-  size_t abandonIfOtherProcessesWrite();
+  // Memory that peers in other processes write into is kept a while, not freed with the links
+  // (an abort; Connection::keepIfOtherProcessWrites): the bytes.
+  size_t keepIfOtherProcessesWrite();
   // Slot sizes: of the links to peer, and the largest that fits every hop of the ring.
   size_t slotBytesFor(int peer) const;
   size_t ringSlotBytes() const;

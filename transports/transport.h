@@ -250,11 +250,12 @@ class Connection {
   // flight): its destructor frees nothing, leaving the memory to the process's exit. Returns
   // the bytes of it this side allocated.
   virtual size_t abandon() { return 0; }
-  // An abort: memory of this side that a peer in another process writes into is abandoned too
-  // (that peer's kernel, under way or queued, may still write there: it checks the broken word
-  // only while it waits, and a sender with free slots does not wait), lest a free hand it to
-  // this process's next allocation while that peer writes. Returns the bytes kept.
-  virtual size_t abandonIfOtherProcessWrites() { return 0; }
+  // An abort: memory of this side that a peer in another process writes into is not freed with
+  // the link but kept a while (that peer's kernel, under way or queued, may still write there:
+  // it checks the broken word only while it waits, and a sender with free slots does not
+  // wait), lest a free hand it to this process's next allocation while that peer writes; a
+  // later communicator's links free it. Returns the bytes kept.
+  virtual size_t keepIfOtherProcessWrites() { return 0; }
   // Direct transfers: bytes go between the caller's buffers and the peer without a copy
   // through a slot. tcp: the socket calls copy anyway, so they use the caller's buffers;
   // shm: the receiver copies straight from the sender's buffer (single copy).

@@ -30,8 +30,8 @@ TEST(GpuTeardown, ADestroyDoesNotWaitForAnotherCommunicatorsKernelThatWaitsForIt
   for (auto& s : streams)
     ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   auto allReduce = [&](int r, ncclComm_t c) {
-    EXPECT_EQ(ncclAllReduce(buf.bufs[size_t(r)], buf.bufs[size_t(r)], buf.count, ncclFloat,
-                            ncclSum, c, streams[size_t(r)]),
+    EXPECT_EQ(ncclAllReduce(buf.bufs[size_t(r)], buf.bufs[size_t(r)], buf.count, ncclFloat, ncclSum,
+                            c, streams[size_t(r)]),
               ncclSuccess)
         << ncclGetLastError(c);
   };
@@ -63,16 +63,24 @@ TEST(GpuTeardown, ADestroyDoesNotWaitForAnotherCommunicatorsKernelThatWaitsForIt
 // Rank 0 aborts, idle, while rank 1 -- another process, which writes into rank 0's FIFO through
 // CUDA IPC -- has a kernel under way that sent into it. Freeing that FIFO could hand it to rank
 // 0's next allocation while rank 1 writes: rank 0 keeps it, and says so; rank 1's kernel stops
-// with the abort.
-TEST(GpuTeardown, AnAbortKeepsTheFifosOtherProcessesWriteInto) {
+// with the abort; and rank 0's next communicator on a GPU frees what was kept (here 1 s on).
+TEST(GpuTeardown, AnAbortKeepsTheFifosOtherProcessesWriteIntoAWhile) {
   SKIP_WITHOUT_GPU();
-  RunResult r = runShell(std::string("NCCL_DEBUG=WARN TUTTI_TIMEOUT=600 timeout 60 ") +
-                         TUTTI_RUN_BIN + " -n 2 " + TUTTI_TEST_RANK_BIN + " abortidle-device 2>&1");
+  RunResult r = runShell(std::string("NCCL_DEBUG=INFO TUTTI_ABORT_KEEP_S=1 TUTTI_TIMEOUT=600 ") +
+                         "timeout 60 " + TUTTI_RUN_BIN + " -n 2 " + TUTTI_TEST_RANK_BIN +
+                         " abortidle-device 2>&1");
   EXPECT_EQ(r.exitCode, 0) << r.output;
   EXPECT_NE(r.output.find("abort peer: "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("rank 0: aborted: "), std::string::npos) << r.output;
+  const std::string kept = "rank 0: aborted: ";
+  const size_t at = r.output.find(kept);
+  ASSERT_NE(at, std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(its FIFOs that ranks in other processes write into, which their "
-                          "kernels may still do) stay allocated until the process exits"),
+                          "kernels may still do) stay allocated a while"),
+            std::string::npos)
+      << r.output;
+  const std::string bytes =
+      r.output.substr(at + kept.size(), r.output.find(' ', at + kept.size()) - at - kept.size());
+  EXPECT_NE(r.output.find("rank 0: freed " + bytes + " bytes of GPU memory an abort kept", at),
             std::string::npos)
       << r.output;
 }
@@ -137,7 +145,8 @@ TEST(GpuTeardown, DestroyAndAbortLeaveTheApplicationsPendingCudaErrorForIt) {
     });
     void* huge = nullptr;
     ASSERT_NE(cudaMalloc(&huge, size_t(1) << 62), cudaSuccess);
-    for (ncclComm_t c : comms) EXPECT_EQ(abort ? ncclCommAbort(c) : ncclCommDestroy(c), ncclSuccess);
+    for (ncclComm_t c : comms)
+      EXPECT_EQ(abort ? ncclCommAbort(c) : ncclCommDestroy(c), ncclSuccess);
     EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation) << (abort ? "abort" : "destroy");
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     for (auto& s : streams) cudaStreamDestroy(s);

@@ -16,8 +16,11 @@
 //                0 waits for credit from the FIFO in rank 1's memory (over CUDA IPC)
 //   abortidle-device  2 ranks on GPU buffers: one all-reduce together; then rank 1 starts another,
 //                whose kernel sends into rank 0's FIFO (free slots) and waits, while rank 0
-//                aborts, idle, and stays 2 s more: rank 1 prints "abort peer: <async result>:
-//                <message>" and exits 0 when its kernel stopped with ncclRemoteError
+//                aborts, idle, waits 2 s, and makes a communicator of 2 ranks on its GPU for
+//                an all-reduce (its links free what the abort kept, TUTTI_ABORT_KEEP_S after
+//                it): rank 1 prints "abort peer: <async result>: <message>" and exits 0 when
+//                its kernel stopped with ncclRemoteError; rank 0 exits 0 when the new
+//                communicator's all-reduce ran
 //   settingsmismatch  rank 1 reads TUTTI_TEST_RANK1_SETS ("NAME=VALUE") into its environment
 //                before init; every rank then calls a host-buffer all-reduce, and a grouped
 //                broadcast: prints "settingsmismatch: <result>: <message>" and "... async <r>,
@@ -188,6 +191,16 @@ int main(int argc, char** argv) {
       sleep(1);  // rank 1's kernel has sent and waits by then
       ncclCommAbort(comm);
       sleep(2);  // this process (and its memory) stays while rank 1's kernel notices
+      ncclComm_t two[2];
+      const int devs[2] = {0, 0};
+      ncclResult_t r = ncclCommInitAll(two, 2, devs);
+      if (r == ncclSuccess) r = ncclGroupStart();
+      for (int i = 0; i < 2 && r == ncclSuccess; ++i)
+        r = ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, two[i], s);
+      if (r == ncclSuccess) r = ncclGroupEnd();
+      if (r != ncclSuccess || cudaStreamSynchronize(s) != cudaSuccess)
+        return failWith("the new communicator's all-reduce", nullptr);
+      for (ncclComm_t c : two) ncclCommDestroy(c);
       return 0;
     }
     const ncclResult_t r = ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, s);

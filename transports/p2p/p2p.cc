@@ -13,10 +13,10 @@
 // of a mapped FIFO; for a FIFO in GPU memory, a word of a pooled pinned page where both ends are
 // in one process, else a page of POSIX shared memory both register as mapped): abort sets it
 // with a store, never with a copy on a stream, which could queue behind a kernel that waits for
-// that very word. An abandoned link (an abort with work in flight, see DeviceEngine::noteAbort;
-// at any abort, a FIFO in GPU memory that a sender in another process writes into) leaves its
-// memory to the process's exit: the peer's kernel may still touch it, and a free may wait for
-// the GPU.
+// that very word. An abandoned link (an abort with work in flight, see DeviceEngine::noteAbort)
+// leaves its memory to the process's exit: the peer's kernel may still touch it, and a free may
+// wait for the GPU. At any abort, a FIFO in GPU memory that a sender in another process writes
+// into is kept a while (KeptFifos), then freed by the process's next p2p links.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +33,8 @@
 #include <vector>
 
 #include "runtime/comm.h"
+#include "runtime/cuda_scope.h"
+#include "runtime/env.h"
 #include "runtime/log.h"
 #include "transports/transport.h"
 
@@ -128,6 +131,64 @@ class BrokenWords {
   }
 };
 
+// FIFOs in GPU memory that an abort kept because senders in other processes may still write
+// into them (keepIfOtherProcessWrites): a later communicator's p2p links free those kept long
+// enough that every such sender has seen the broken word (its kernel stops at its next wait,
+// microseconds on; a kernel that starts later waits at once, for slots it never gets). So
+// repeated aborts (a framework's teardown, an in-process restart) do not pile them up.
+class KeptFifos {
+ public:
+  static void keep(char* dev, size_t bytes) {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return;  // (not freed, then)
+    std::lock_guard<std::mutex> lock(mu());
+    list().push_back({dev, device, bytes, std::chrono::steady_clock::now()});
+  }
+  // Frees those kept TUTTI_ABORT_KEEP_S (10 s unless set) or more: the bytes.
+  static size_t freeOld() {
+    static const double keepS = env::getDouble("TUTTI_ABORT_KEEP_S", 10);
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<Kept> old;
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      auto& l = list();
+      for (size_t i = 0; i < l.size();) {
+        if (std::chrono::duration<double>(now - l[i].since).count() >= keepS) {
+          old.push_back(l[i]);
+          l[i] = l.back();
+          l.pop_back();
+        } else {
+          ++i;
+        }
+      }
+    }
+    size_t bytes = 0;
+    CaptureModeRelaxed relaxed;  // another thread may be capturing in the global mode
+    for (const Kept& k : old) {
+      // (The guard clears a failure of ours, not an error the application has yet to read.)
+      DeviceGuard guard(k.device);
+      if (cudaFree(k.dev) == cudaSuccess) bytes += k.bytes;
+    }
+    return bytes;
+  }
+
+ private:
+  struct Kept {
+    char* dev;
+    int device;
+    size_t bytes;
+    std::chrono::steady_clock::time_point since;
+  };
+  static std::mutex& mu() {
+    static std::mutex* m = new std::mutex;  // never destroyed: links may go during exit
+    return *m;
+  }
+  static std::vector<Kept>& list() {
+    static std::vector<Kept>* l = new std::vector<Kept>;
+    return *l;
+  }
+};
+
 struct P2pDesc {
   uint64_t bytes;
   uint64_t slotBytes;
@@ -204,7 +265,11 @@ class P2pConnection : public Connection {
     if (m_.ownStep) check(cudaFree(m_.ownStep));
     if (m_.mode == kDevice) {
       if (m_.ipcOpened) check(cudaIpcCloseMemHandle(m_.dev));
-      if (m_.owner && !m_.broken) check(cudaFree(m_.dev));  // another process's end: its own
+      if (m_.owner && !m_.broken && kept_) {
+        KeptFifos::keep(m_.dev, m_.bytes);  // another process's sender may still write
+      } else if (m_.owner && !m_.broken) {
+        check(cudaFree(m_.dev));  // another process's end: its own mapping
+      }
       if (lastEnd) check(cudaFree(lastEnd));
     } else {
       check(cudaHostUnregister(m_.host));
@@ -228,11 +293,12 @@ class P2pConnection : public Connection {
     abandoned_ = true;
     return m_.owner ? m_.bytes : 0;
   }
-  size_t abandonIfOtherProcessWrites() override {
+  size_t keepIfOtherProcessWrites() override {
     // The receiver's FIFO in GPU memory, opened over CUDA IPC by a sender in another process
     // (a mapped FIFO is shared memory, which outlives this side's unmapping).
     if (m_.mode != kDevice || !m_.owner || m_.broken) return 0;
-    return abandon();
+    kept_ = true;
+    return m_.bytes;
   }
   const char* transportName() const override { return m_.mode == kDevice ? "p2p" : "shm/mapped"; }
   static constexpr size_t kBrokenPageBytes = 4096;
@@ -240,6 +306,7 @@ class P2pConnection : public Connection {
  private:
   Memory m_;
   bool abandoned_ = false;  // the destructor frees nothing (set before it, on its thread)
+  bool kept_ = false;       // the destructor hands the FIFO to KeptFifos
 };
 
 class P2pTransport : public Transport {
@@ -248,6 +315,12 @@ class P2pTransport : public Transport {
     p2pDisabled_ = me().device.p2pDisabled != 0;  // NCCL_P2P_DISABLE, as read at init
     // TUTTI_LL_SLOT_BYTES, as read at init and compared between GPU ranks
     llSlotBytes_ = size_t(std::clamp<int64_t>(me().device.llSlotBytes, 256, 1 << 20)) / 16 * 16;
+    if (const size_t freed = KeptFifos::freeOld()) {
+      TUTTI_INFO(log::kInit,
+                 "rank %d: freed %zu bytes of GPU memory an abort kept (FIFOs that "
+                 "ranks in other processes wrote into)",
+                 comm_.rank(), freed);
+    }
   }
   const char* name() const override { return "p2p"; }
 
