@@ -193,10 +193,14 @@ int main(int argc, char** argv) {
       sleep(2);  // this process (and its memory) stays while rank 1's kernel notices
       ncclComm_t two[2];
       const int devs[2] = {0, 0};
+      float* bufs[2] = {d, nullptr};  // a buffer each: in place, they would race
+      if (cudaMalloc(&bufs[1], 4096) != cudaSuccess ||
+          cudaMemsetAsync(bufs[1], 0, 4096, s) != cudaSuccess)
+        return failWith("a second buffer", nullptr);
       ncclResult_t r = ncclCommInitAll(two, 2, devs);
       if (r == ncclSuccess) r = ncclGroupStart();
       for (int i = 0; i < 2 && r == ncclSuccess; ++i)
-        r = ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, two[i], s);
+        r = ncclAllReduce(bufs[i], bufs[i], 1024, ncclFloat, ncclSum, two[i], s);
       if (r == ncclSuccess) r = ncclGroupEnd();
       if (r != ncclSuccess || cudaStreamSynchronize(s) != cudaSuccess)
         return failWith("the new communicator's all-reduce", nullptr);
