@@ -27,8 +27,8 @@
 // - captures: see cudaemu_graph.cc;
 // - what a test may ask that CUDA cannot tell: the calls of each entry point a thread made
 //   (cudaemuThreadCalls), and whether a device's primary context was made (cudaemuContextMade:
-//   by cudaSetDevice, as CUDA 12 does, or by a call on the current device, 0 where a thread
-//   never chose one); and, to test the library's failure paths, launches that fail
+//   by cudaSetDevice, as CUDA 12 does, or by any call but those that ask about devices and
+//   errors, on the current device: 0 where a thread never chose one); and, to test the library's failure paths, launches that fail
 //   (TUTTI_EMU_FAIL_LAUNCH_AFTER=n: those after the process's first n).
 // What it does not: the GPU's memory model and timing (performance means nothing here), the
 // hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), blocks resident across processes or taken by

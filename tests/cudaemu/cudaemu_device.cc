@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 
 #include "tests/cudaemu/cudaemu.h"
@@ -26,10 +27,31 @@ thread_local std::map<std::string, unsigned long>* tCalls = nullptr;
 
 }  // namespace
 
+// The calls that need no context of the current device (cudaSetDevice makes its own).
+bool needsNoContext(const char* name) {
+  static const std::set<std::string> none = {"cudaGetDevice",
+                                             "cudaGetDeviceCount",
+                                             "cudaSetDevice",
+                                             "cudaGetDeviceProperties",
+                                             "cudaDeviceGetAttribute",
+                                             "cudaDeviceGetPCIBusId",
+                                             "cudaDeviceGetByPCIBusId",
+                                             "cudaDeviceCanAccessPeer",
+                                             "cudaGetErrorName",
+                                             "cudaGetErrorString",
+                                             "cudaGetLastError",
+                                             "cudaPeekAtLastError",
+                                             "cudaThreadExchangeStreamCaptureMode"};
+  return none.count(name) != 0;
+}
+
 ApiCall::ApiCall(const char* name) {
   if (tCallDepth++ != 0) return;
   if (!tCalls) tCalls = new std::map<std::string, unsigned long>;
   ++(*tCalls)[name];
+  // Any other call works in the current device's context, made if it was not (CUDA's runtime
+  // makes it at the first call that needs it).
+  if (!needsNoContext(name) && deviceCount() > 0) currentDevice();
 }
 ApiCall::~ApiCall() { --tCallDepth; }
 
