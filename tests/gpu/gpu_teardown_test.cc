@@ -63,7 +63,7 @@ TEST(GpuTeardown, ADestroyDoesNotWaitForAnotherCommunicatorsKernelThatWaitsForIt
 // Rank 0 aborts, idle, while rank 1 -- another process, which writes into rank 0's FIFO through
 // CUDA IPC -- has a kernel under way that sent into it. Freeing that FIFO could hand it to rank
 // 0's next allocation while rank 1 writes: rank 0 keeps it, and says so; rank 1's kernel stops
-// with the abort; and rank 0's next communicator on a GPU frees what was kept (here 1 s on).
+// with the abort; and the next communicator of rank 0's process frees what was kept (here 1 s on).
 TEST(GpuTeardown, AnAbortKeepsTheFifosOtherProcessesWriteIntoAWhile) {
   SKIP_WITHOUT_GPU();
   RunResult r = runShell(std::string("NCCL_DEBUG=INFO TUTTI_ABORT_KEEP_S=1 TUTTI_TIMEOUT=600 ") +
@@ -80,7 +80,8 @@ TEST(GpuTeardown, AnAbortKeepsTheFifosOtherProcessesWriteIntoAWhile) {
       << r.output;
   const std::string bytes =
       r.output.substr(at + kept.size(), r.output.find(' ', at + kept.size()) - at - kept.size());
-  EXPECT_NE(r.output.find("rank 0: freed " + bytes + " bytes of GPU memory an abort kept", at),
+  // (By whichever rank of the new communicator made its links first.)
+  EXPECT_NE(r.output.find(": freed " + bytes + " bytes of GPU memory an abort kept", at),
             std::string::npos)
       << r.output;
 }
