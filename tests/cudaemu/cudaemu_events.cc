@@ -63,6 +63,19 @@ Work waitWork(const EventPtr& e, uint64_t g) {
   };
 }
 
+namespace {
+
+// The event h names, in *e, where it may be asked about or waited for now; else the error.
+cudaError_t askable(cudaEvent_t h, EventPtr* e) {
+  *e = findEvent(h);
+  if (!*e) return fail(cudaErrorInvalidResourceHandle);
+  if (refuseCapturedEvent(*e) || !captureAllowsUnsafeCall())
+    return fail(cudaErrorStreamCaptureUnsupported);
+  return cudaSuccess;
+}
+
+}  // namespace
+
 }  // namespace cudaemu
 
 using namespace cudaemu;
@@ -127,20 +140,16 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 
 cudaError_t cudaEventQuery(cudaEvent_t h) {
   CUDAEMU_CALL;
-  EventPtr e = findEvent(h);
-  if (!e) return fail(cudaErrorInvalidResourceHandle);
-  if (refuseCapturedEvent(e) || !captureAllowsUnsafeCall())
-    return fail(cudaErrorStreamCaptureUnsupported);
+  EventPtr e;
+  if (cudaError_t err = askable(h, &e); err != cudaSuccess) return err;
   std::lock_guard<std::mutex> lock(e->mu);
   return e->isDone(e->recorded) ? cudaSuccess : fail(cudaErrorNotReady);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t h) {
   CUDAEMU_CALL;
-  EventPtr e = findEvent(h);
-  if (!e) return fail(cudaErrorInvalidResourceHandle);
-  if (refuseCapturedEvent(e) || !captureAllowsUnsafeCall())
-    return fail(cudaErrorStreamCaptureUnsupported);
+  EventPtr e;
+  if (cudaError_t err = askable(h, &e); err != cudaSuccess) return err;
   waitWork(e, latest(e))();
   return cudaSuccess;
 }

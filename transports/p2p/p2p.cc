@@ -265,10 +265,12 @@ class P2pConnection : public Connection {
     if (m_.ownStep) check(cudaFree(m_.ownStep));
     if (m_.mode == kDevice) {
       if (m_.ipcOpened) check(cudaIpcCloseMemHandle(m_.dev));
-      if (m_.owner && !m_.broken && kept_) {
-        KeptFifos::keep(m_.dev, m_.bytes);  // another process's sender may still write
-      } else if (m_.owner && !m_.broken) {
-        check(cudaFree(m_.dev));  // another process's end: its own mapping
+      if (m_.owner && !m_.broken) {  // another process's end: its own mapping
+        if (kept_) {
+          KeptFifos::keep(m_.dev, m_.bytes);  // that process's sender may still write
+        } else {
+          check(cudaFree(m_.dev));
+        }
       }
       if (lastEnd) check(cudaFree(lastEnd));
     } else {
