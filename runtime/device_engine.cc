@@ -52,6 +52,8 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
   proto_ = int(d.proto);
   timeoutS_ = env::getDouble("TUTTI_TIMEOUT", 1800);
   graphMixing_ = env::getBool("NCCL_GRAPH_MIXING_SUPPORT", true);
+  fullParams_ = env::getBool("TUTTI_LAUNCH_FULL_PARAMS", false);
+  llFullBlocks_ = env::getBool("TUTTI_LL_FULL_BLOCKS", false);
   const PeerInfo& me = comm.peers()[size_t(comm.rank())];
   for (const PeerInfo& q : comm.peers()) {
     const bool sibling =
@@ -312,6 +314,20 @@ Status DeviceEngine::init() {
                            " threads per block at most, " + std::to_string(dev::kThreads) +
                            " needed");
     }
+    // Its handle in this GPU's context, for the driver's launch (DeviceEngine::launchOne):
+    // none (the runtime's launch) where CUDA gives none.
+    cudaFunction_t f = nullptr;
+    if (k != dev::p2pManyKernel() && cudaGetFuncBySymbol(&f, k) == cudaSuccess && f)
+      functions_[k] = f;
+  }
+  if (!args_) args_ = std::make_unique<dev::DevArgs>();
+  if (!driverLaunch_) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuLaunchKernel", &fn, 4000, cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      driverLaunch_ = fn;  // else the runtime's launch (the DeviceGuard clears the error)
   }
   // Found now, with the kernels loaded: every group of sends and receives is planned within it.
   findP2pBlockCap();
@@ -585,6 +601,7 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   cfg.maxChannels = maxChannels_;
   cfg.llMaxBytes = llMaxBytes_;
   cfg.gatherMaxBytes = gatherMaxBytes_;
+  cfg.llFitThreads = !llFullBlocks_;
   cfg.maxP2pBlocks = p2pCap_.load(std::memory_order_acquire);  // init() found it
   cfg.channelBytes = channelBytes_;
   cfg.proto = proto_;

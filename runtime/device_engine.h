@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/cuda/dev_work.h"
@@ -79,9 +80,14 @@ class DeviceEngine {
   Status waitFirst(const Entries::Ref& e, bool launch);
   void releaseFollowers();
   Status launchAll();  // launch() under mu_
+  // Launches plan_.launches[i] on target_; its kernel gets the bytes of its dev::DevArgs it
+  // uses (the driver's cuLaunchKernel), or all of them (TUTTI_LAUNCH_FULL_PARAMS=1, or where
+  // the driver's launch failed once and the runtime's then did not).
+  Status launchOne(size_t i);
   Status connect(const devplan::Config& cfg, const CollArgs* ops, size_t n);
-  void clearPlan() {
-    plan_ = devplan::Plan{};
+  void clearPlan() {  // keeping the vectors' room: a plan is made at every operation
+    plan_.launches.clear();
+    plan_.copies.clear();
     kernels_.clear();
     streams_.clear();
   }
@@ -152,8 +158,15 @@ class DeviceEngine {
   std::atomic<bool> doneCaptured_{false};  // done_'s last record was in a capture
   devplan::Plan plan_;                     // the prepared group
   std::vector<const void*> kernels_;       // one per plan_.launches
-  std::vector<void*> streams_;             // the distinct caller streams of the prepared group
-  void* target_ = nullptr;  // where the prepared group launches: a caller's (onCaller_) or own
+  std::unique_ptr<dev::DevArgs> args_;     // the packed parameter of the launch being made
+  std::unordered_map<const void*, void*> functions_;  // kernel -> CUfunction, made by init()
+  bool fullParams_ = false;    // launches pass the whole dev::DevArgs, by the runtime's launch
+  bool llFullBlocks_ = false;  // TUTTI_LL_FULL_BLOCKS: no devplan::Config::llFitThreads
+  // The driver's cuLaunchKernel, which takes a kernel's parameter as a buffer of a given size
+  // (the runtime's cudaLaunchKernel copies it whole): null where the driver has none.
+  void* driverLaunch_ = nullptr;
+  std::vector<void*> streams_;  // the distinct caller streams of the prepared group
+  void* target_ = nullptr;      // where the prepared group launches: a caller's (onCaller_) or own
   std::vector<Entries::Ref> leading_;    // entries this rank leads, on the stream it launches on
   std::vector<Entries::Ref> following_;  // whose first launches where this rank joins back
   // Every launch of this communicator runs after the one before, wherever each was issued:

@@ -2,6 +2,7 @@
 // shared by sibling ranks, the order of one communicator's launches across streams and CUDA
 // graph captures, the launch itself and the join back onto the caller's streams.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -15,6 +16,8 @@
 #include "runtime/stream_entries.h"
 
 #ifdef TUTTI_HAVE_CUDA
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include "runtime/cuda_scope.h"
@@ -372,30 +375,71 @@ Status DeviceEngine::launchAll() {
   };
   for (size_t i = 0; i < plan_.launches.size(); ++i) {
     TUTTI_TRY(copiesBefore(i));
-    devplan::Launch& l = plan_.launches[i];
-    void* args[] = {&l.work};
-    // Sends and receives past dev::kMaxOps: their kernel's parameter (copied at the launch).
-    std::unique_ptr<dev::DevP2pWork> many;
-    if (!l.more.empty()) {
-      many = devplan::p2pWork(l);
-      args[0] = many.get();
-    }
-    const int err = cudaLaunchKernel(kernels_[i], dim3(unsigned(l.blocks)), dim3(dev::kThreads),
-                                     args, 0, target);
-    if (err != cudaSuccess) {
-      // Which operation, and how the launch was shaped: what a failed launch is asked first.
-      const dev::DevOp& first = l.work.ops[0];
-      const size_t more = size_t(std::max(l.work.nops, 1) - 1) + l.more.size();
-      const std::string what =
-          "launching the kernel of nccl" + std::string(collKindName(CollKind(first.kind))) +
-          " (opCount " + std::to_string(first.seq) +
-          (more > 0 ? ", with " + std::to_string(more) + " more in its group" : std::string()) +
-          ") on GPU " + std::to_string(comm_.cudaDev()) + ", " + std::to_string(l.blocks) +
-          " blocks of " + std::to_string(dev::kThreads) + " threads: cudaLaunchKernel";
-      return cudaCheck(what.c_str(), err);
-    }
+    TUTTI_TRY(launchOne(i));
   }
   return copiesBefore(plan_.launches.size());
+}
+
+Status DeviceEngine::launchOne(size_t i) {
+  const devplan::Launch& l = plan_.launches[i];
+  auto target = static_cast<cudaStream_t>(target_);
+  const dim3 grid(unsigned(l.blocks)), block(unsigned(l.threads));
+  // Which operation, and how the launch was shaped: what a failed launch is asked first.
+  auto failed = [&](const char* call, int err) {
+    const dev::DevOp& first = l.work.ops[0];
+    const size_t more = size_t(std::max(l.work.nops, 1) - 1) + l.more.size();
+    const std::string what =
+        "launching the kernel of nccl" + std::string(collKindName(CollKind(first.kind))) +
+        " (opCount " + std::to_string(first.seq) +
+        (more > 0 ? ", with " + std::to_string(more) + " more in its group" : std::string()) +
+        ") on GPU " + std::to_string(comm_.cudaDev()) + ", " + std::to_string(l.blocks) +
+        " blocks of " + std::to_string(l.threads) + " threads: " + call;
+    return cudaCheck(what.c_str(), err);
+  };
+  if (!l.more.empty()) {
+    // Sends and receives past dev::kMaxOps: their kernel's parameter (copied at the launch).
+    std::unique_ptr<dev::DevP2pWork> many = devplan::p2pWork(l);
+    void* args[] = {many.get()};
+    const int err = cudaLaunchKernel(kernels_[i], grid, block, args, 0, target);
+    return err == cudaSuccess ? Status::Ok() : failed("cudaLaunchKernel", err);
+  }
+  for (int j = 0; j < l.work.nops; ++j) {  // the kernel reads channels 0 .. op.nch - 1 of each
+    const dev::DevOp& op = l.work.ops[j];
+    const bool p2p = op.kind == dev::kSend || op.kind == dev::kRecv;
+    if (!p2p && l.work.nranks > 1 && op.nch > l.work.nch) {
+      return internalError("device plan: an operation on " + std::to_string(op.nch) +
+                           " channels in a launch that holds " + std::to_string(l.work.nch));
+    }
+  }
+  size_t bytes = dev::packArgs(l.work, args_.get());
+  auto f = functions_.find(kernels_[i]);
+  auto drv = fullParams_ ? nullptr : reinterpret_cast<PFN_cuLaunchKernel_v4000>(driverLaunch_);
+  if (drv && f != functions_.end()) {
+    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, args_.get(), CU_LAUNCH_PARAM_BUFFER_SIZE,
+                     &bytes, CU_LAUNCH_PARAM_END};
+    const CUresult r = drv(static_cast<CUfunction>(f->second), grid.x, 1, 1, block.x, 1, 1, 0,
+                           reinterpret_cast<CUstream>(target), nullptr, extra);
+    if (r == CUDA_SUCCESS) return Status::Ok();
+    // A driver that takes only whole parameters, say, or a thread without the context
+    // current: the runtime's launch instead, which has always worked, from now on if it works.
+    void* args[] = {args_.get()};
+    const int err = cudaLaunchKernel(kernels_[i], grid, block, args, 0, target);
+    if (err != cudaSuccess) return failed("cudaLaunchKernel", err);
+    fullParams_ = true;
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) {
+      TUTTI_WARN(
+          "rank %d: cuLaunchKernel with the %zu bytes of its parameter the kernel uses "
+          "failed (CUresult %d) where cudaLaunchKernel with all %zu did not: this "
+          "communicator's launches pass them all from now on (slower to launch, no "
+          "other difference; said once per process)",
+          comm_.rank(), bytes, int(r), sizeof(dev::DevArgs));
+    }
+    return Status::Ok();
+  }
+  void* args[] = {args_.get()};
+  const int err = cudaLaunchKernel(kernels_[i], grid, block, args, 0, target);
+  return err == cudaSuccess ? Status::Ok() : failed("cudaLaunchKernel", err);
 }
 
 Status DeviceEngine::leave() {

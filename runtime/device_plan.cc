@@ -48,6 +48,7 @@ void fillChannels(const Config& cfg, const LinkFn& link, dev::DevWork* w, int nc
   const int n = cfg.nranks, r = cfg.rank;
   w->rank = r;
   w->nranks = n;
+  w->nch = n > 1 ? nch : 0;  // what a launch passes of w.ch (dev::DevArgs)
   for (int c = 0; c < nch && n > 1; ++c) {
     w->ch[c].send = devConn(link((r + 1) % n, c, true));
     w->ch[c].recv = devConn(link((r + n - 1) % n, c, false));
@@ -55,6 +56,13 @@ void fillChannels(const Config& cfg, const LinkFn& link, dev::DevWork* w, int nc
 }
 
 }  // namespace
+
+int llThreadsFor(size_t bytes) {
+  constexpr int kWarp = 32, kLeast = 2 * kWarp;
+  const size_t lines = (bytes + 7) / 8;  // 8 payload bytes a line
+  const size_t warps = (lines + kWarp - 1) / kWarp;
+  return int(std::clamp<size_t>(warps * kWarp, kLeast, dev::kThreads));
+}
 
 std::unique_ptr<dev::DevP2pWork> p2pWork(const Launch& l) {
   auto w = std::make_unique<dev::DevP2pWork>();
@@ -198,9 +206,18 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     std::vector<Launch>& ls = out->launches;
     if (ls.empty() || ls.back().dtype != dtype || ls.back().fn != fn ||
         ls.back().proto != sh.proto || ls.back().work.nops == dev::kMaxOps) {
-      ls.push_back(Launch{dtype, fn, sh.proto, 0, dev::DevWork{}, {}});
+      Launch& fresh = ls.emplace_back();  // made in place: a Launch is 5.5 KB
+      fresh.dtype = dtype;
+      fresh.fn = fn;
+      fresh.proto = sh.proto;
+      if (sh.proto == dev::kLL && cfg.llFitThreads) fresh.threads = 0;  // raised below
     }
     Launch& l = ls.back();
+    if (sh.proto == dev::kLL && cfg.llFitThreads) {
+      // A step holds at most a slot (chunk units) of the channel's share (per units).
+      const size_t stepBytes = size_t(std::min<uint64_t>(d.chunk, d.per)) * unit;
+      l.threads = std::max(l.threads, llThreadsFor(stepBytes));
+    }
     l.work.ops[l.work.nops++] = d;
     l.blocks = std::max(l.blocks, sh.nch);
   }

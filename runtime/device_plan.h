@@ -34,6 +34,11 @@ struct Config {
   // Ring links on every channel up to maxChannels at the first collective, not only on the
   // channels it uses: no FIFO is allocated later, while other ranks' kernels may be waiting.
   bool connectAllChannels = false;
+  // An LL launch takes the threads its largest step needs, a line each (64 at least: the
+  // thread that frees received slots is then in another warp than thread 0, see
+  // dev::PrimsBase::releaser), rather than dev::kThreads: a small step's blocks then wait at
+  // their barriers for 2 warps, not 16. false: every launch takes dev::kThreads.
+  bool llFitThreads = true;
 };
 
 // A kernel launch: which kernel (datatype as ncclDataType_t, dev::Fn, dev::Proto), how many
@@ -47,7 +52,10 @@ struct Launch {
   // Sends and receives past work's dev::kMaxOps (dev::DevP2pWork::more): non-empty only in a
   // launch of sends and receives, which then runs dev::p2pManyKernel.
   std::vector<dev::DevOp> more;
+  int threads = dev::kThreads;  // per block (Config::llFitThreads)
 };
+// The threads an LL launch whose largest step carries `bytes` takes (Config::llFitThreads).
+int llThreadsFor(size_t bytes);
 // A device-to-device copy: a rank's send to itself met by its receive from itself, or a
 // one-rank collective (its result is its input). Runs before launches[beforeLaunch] (after
 // all of them when that is launches.size()), so a group's operations keep their order.

@@ -1,5 +1,5 @@
 // The kernel: one instantiation per (element type, reduction function, protocol); the
-// operations of a launch (which collective, buffers, sizes, root) are data in DevWork. Block c
+// operations of a launch (which collective, buffers, sizes, root) are data in DevArgs. Block c
 // runs channel c of every collective, a point-to-point operation runs on the block the host
 // gave it. The algorithms are collectives/ring.h, the same code the CPU engine runs.
 #pragma once
@@ -14,8 +14,8 @@
 namespace tutti::dev {
 
 template <typename T, int F, class P>
-__device__ void setUp(P& p, const DevWork& w, const DevOp& op, const DevConn* sc, const DevConn* rc,
-                      int channel, BlockState* sh) {
+__device__ void setUp(P& p, const DevHeader& w, const DevOp& op, const DevConn* sc,
+                      const DevConn* rc, int channel, BlockState* sh) {
   using E = Elem<T>;
   p.sc = sc;
   p.rc = rc;
@@ -43,11 +43,12 @@ __device__ void setUp(P& p, const DevWork& w, const DevOp& op, const DevConn* sc
 }
 
 // Both return whether the block gave up (the same in all its threads).
+// ch: the block's ring channel (null for a communicator of one rank).
 template <typename T, int F, class P>
-__device__ bool runCollective(const DevWork& w, const DevOp& op, int c, BlockState* sh) {
-  const bool linked = w.nranks > 1;
+__device__ bool runCollective(const DevHeader& w, const DevChannel* ch, const DevOp& op, int c,
+                              BlockState* sh) {
   P p;
-  setUp<T, F>(p, w, op, linked ? &w.ch[c].send : nullptr, linked ? &w.ch[c].recv : nullptr, c, sh);
+  setUp<T, F>(p, w, op, ch ? &ch->send : nullptr, ch ? &ch->recv : nullptr, c, sh);
   const uint64_t base = op.per * uint64_t(c) < op.count ? op.per * uint64_t(c) : op.count;
   const uint64_t mine = op.count - base < op.per ? op.count - base : op.per;
   const algo::RingArgs ra{w.rank, w.nranks, op.root, base, mine, op.stride, op.chunk};
@@ -83,7 +84,7 @@ __device__ bool runCollective(const DevWork& w, const DevOp& op, int c, BlockSta
 // A send or a receive of op.count bytes in slot-sized steps (one empty step for 0 bytes), the
 // last step flagged: both ends cut the message the same way, so any mismatch of sizes shows.
 template <typename T, int F>
-__device__ bool runP2p(const DevWork& w, const DevOp& op, BlockState* sh) {
+__device__ bool runP2p(const DevHeader& w, const DevOp& op, BlockState* sh) {
   SimplePrims<T, F> p;
   const bool sending = op.kind == kSend;
   setUp<T, F>(p, w, op, sending ? &op.conn : nullptr, sending ? nullptr : &op.conn, 0, sh);
@@ -103,20 +104,22 @@ __device__ bool runP2p(const DevWork& w, const DevOp& op, BlockState* sh) {
 }
 
 template <typename T, int F, int kProto>
-__global__ void __launch_bounds__(kThreads, 1) collKernel(const __grid_constant__ DevWork w) {
+__global__ void __launch_bounds__(kThreads, 1) collKernel(const __grid_constant__ DevArgs w) {
   using P = std::conditional_t<kProto == kLL, LLPrims<T, F>, SimplePrims<T, F>>;
   TUTTI_BLOCK_SHARED(BlockState, sh);
   if (threadIdx.x == 0) sh.failed = 0;
   __syncthreads();
   for (int i = 0; i < w.nops; ++i) {
-    const DevOp& op = w.ops[i];
+    const DevOp& op = w.op(i);
     bool failed = false;
     if (op.kind == kSend || op.kind == kRecv) {
       if constexpr (sizeof(T) == 1 && F == kFnSum && kProto == kSimple) {
         if (op.block == int(blockIdx.x)) failed = runP2p<T, F>(w, op, &sh);
       }
     } else if (int(blockIdx.x) < op.nch) {
-      failed = runCollective<T, F, P>(w, op, int(blockIdx.x), &sh);
+      // The planner gives a launch's collectives at most w.nch channels (w holds those).
+      const DevChannel* ch = w.nranks > 1 ? &w.channel(int(blockIdx.x)) : nullptr;
+      failed = runCollective<T, F, P>(w, ch, op, int(blockIdx.x), &sh);
     }
     if (__syncthreads_or(failed ? 1 : 0)) return;
   }

@@ -31,7 +31,7 @@ constexpr int kSpinsPerCheck = 1 << 10;
 // What a wait needs to give up: the launch's abort flag, error record and deadline, and the
 // FIFOs to mark broken so that the peers' kernels stop too.
 struct WaitCtx {
-  const DevWork* w;
+  const DevHeader* w;
   BlockState* sh;
   const DevConn* sc;
   const DevConn* rc;

@@ -9,6 +9,14 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+// Callable from host and device code (nvcc); plain functions for the host compiler.
+#if defined(__CUDACC__)
+#define TUTTI_HD __host__ __device__
+#else
+#define TUTTI_HD
+#endif
 
 namespace tutti::dev {
 
@@ -110,13 +118,13 @@ struct DevError {
   uint64_t want;
 };
 
-struct DevWork {
-  DevChannel ch[kMaxChannels];
-  DevOp ops[kMaxOps];
+// The words every block of a launch reads besides its operations: the head of DevWork and of
+// DevArgs alike.
+struct DevHeader {
   int32_t nops = 0;
   int32_t rank = 0;
   int32_t nranks = 1;
-  int32_t pad = 0;
+  int32_t nch = 0;  // ring channels the launch's collectives use (DevArgs holds that many)
   const volatile uint32_t* abortFlag = nullptr;  // mapped host memory: set by ncclCommAbort
   // The first failing thread claims errClaim (device memory, device-scope atomics), fills err
   // (mapped host memory) and publishes err->code last.
@@ -124,8 +132,49 @@ struct DevWork {
   DevError* err = nullptr;
   uint64_t timeoutNs = 0;  // one wait that long without progress fails
 };
+
+// A launch as the host plans it: room for every channel and operation.
+struct DevWork : DevHeader {
+  DevChannel ch[kMaxChannels];
+  DevOp ops[kMaxOps];
+};
+
+// A launch as collKernel receives it: the header, then the nch channels, then the nops
+// operations, packed, so that a launch passes only the bytes it uses (usedBytes: 392 for one
+// operation on one channel, against 5.5 KB for all of DevWork). The driver copies a kernel's
+// parameters into the launch's command stream at every eager launch; the bytes past usedBytes
+// are never read (and not passed: they hold whatever the driver left there).
+struct DevArgs : DevHeader {
+  unsigned char data[kMaxChannels * sizeof(DevChannel) + kMaxOps * sizeof(DevOp)];
+
+  TUTTI_HD const DevChannel& channel(int c) const {
+    return reinterpret_cast<const DevChannel*>(data)[c];
+  }
+  TUTTI_HD const DevOp& op(int i) const {
+    return reinterpret_cast<const DevOp*>(data + size_t(nch) * sizeof(DevChannel))[i];
+  }
+  TUTTI_HD size_t usedBytes() const {
+    return sizeof(DevHeader) + size_t(nch) * sizeof(DevChannel) + size_t(nops) * sizeof(DevOp);
+  }
+};
+// data follows the header with no padding (usedBytes counts on it), and keeps 8-byte alignment
+// for the channels and operations placed in it.
+static_assert(sizeof(DevHeader) % 8 == 0 && sizeof(DevChannel) % 8 == 0 && sizeof(DevOp) % 8 == 0,
+              "DevArgs packs 8-byte aligned parts");
+static_assert(sizeof(DevArgs) == sizeof(DevHeader) + sizeof(DevArgs::data),
+              "DevArgs::data must follow the header");
 // Kernel parameters may be up to 32764 bytes on Volta and later with CUDA 12.1+.
-static_assert(sizeof(DevWork) < 32000, "DevWork must fit the kernel parameter space");
+static_assert(sizeof(DevArgs) < 32000, "DevArgs must fit the kernel parameter space");
+
+// Packs w into *a (its header, channels 0 .. w.nch - 1, operations 0 .. w.nops - 1); returns
+// a->usedBytes().
+inline size_t packArgs(const DevWork& w, DevArgs* a) {
+  static_cast<DevHeader&>(*a) = w;
+  const size_t chBytes = size_t(w.nch) * sizeof(DevChannel);
+  memcpy(a->data, w.ch, chBytes);
+  memcpy(a->data + chBytes, w.ops, size_t(w.nops) * sizeof(DevOp));
+  return a->usedBytes();
+}
 
 // A group's sends and receives to other ranks beyond kMaxOps, up to kMaxP2pOps: base's ops
 // first, then `more`, run by a kernel of their own (p2pManyKernel), so that only groups that

@@ -28,8 +28,9 @@
 // - what a test may ask that CUDA cannot tell: the calls of each entry point a thread made
 //   (cudaemuThreadCalls), and whether a device's primary context was made (cudaemuContextMade:
 //   by cudaSetDevice, as CUDA 12 does, or by any call but those that ask about devices and
-//   errors, on the current device: 0 where a thread never chose one); and, to test the library's failure paths, launches that fail
-//   (TUTTI_EMU_FAIL_LAUNCH_AFTER=n: those after the process's first n).
+//   errors, on the current device: 0 where a thread never chose one); and, to test the library's
+//   failure paths, launches that fail (TUTTI_EMU_FAIL_LAUNCH_AFTER=n: those after the process's
+//   first n).
 // What it does not: the GPU's memory model and timing (performance means nothing here), the
 // hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), blocks resident across processes or taken by
 // the application's own kernels, occupancy above one block per SM, the order in which waiting
@@ -128,6 +129,9 @@ int currentDevice();
 // The current device, for cudaGetDevice alone: asking makes no context.
 int selectedDevice();
 void setCurrentDevice(int id);  // and makes its context
+// The device whose context a runtime call of this thread made current (-1: none yet): what the
+// driver's calls run on.
+int boundDevice();
 int threadsPerBlock();
 // The stream a handle names (0 and cudaStreamLegacy: the current device's legacy stream;
 // cudaStreamPerThread: this thread's), or null for a handle that is not a live stream.
@@ -193,3 +197,6 @@ extern "C" unsigned long cudaemuThreadCalls(const char* name);
 // Whether this process made the primary context of device d (a GPU's memory taken by a
 // process that never meant to use it shows as such a context); not a CUDA function.
 extern "C" int cudaemuContextMade(int d);
+// The parameter bytes this thread's last kernel launch passed (cudaLaunchKernel: the whole
+// parameter; the driver's cuLaunchKernel: its buffer's size); not a CUDA function.
+extern "C" size_t cudaemuThreadLastLaunchBytes();

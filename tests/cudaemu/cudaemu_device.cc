@@ -27,7 +27,8 @@ thread_local std::map<std::string, unsigned long>* tCalls = nullptr;
 
 }  // namespace
 
-// The calls that need no context of the current device (cudaSetDevice makes its own).
+// The calls that need no context of the current device (cudaSetDevice makes its own; the
+// driver's cuLaunchKernel runs in the one this thread's runtime calls made current).
 bool needsNoContext(const char* name) {
   static const std::set<std::string> none = {"cudaGetDevice",
                                              "cudaGetDeviceCount",
@@ -41,7 +42,9 @@ bool needsNoContext(const char* name) {
                                              "cudaGetErrorString",
                                              "cudaGetLastError",
                                              "cudaPeekAtLastError",
-                                             "cudaThreadExchangeStreamCaptureMode"};
+                                             "cudaThreadExchangeStreamCaptureMode",
+                                             "cudaGetDriverEntryPointByVersion",
+                                             "cuLaunchKernel"};
   return none.count(name) != 0;
 }
 

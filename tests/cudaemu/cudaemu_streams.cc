@@ -1,4 +1,5 @@
 // The emulated CUDA runtime (cudaemu.h): devices, streams, events and kernel launches.
+#include <cuda.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -50,6 +51,8 @@ State& state() {
 }
 
 thread_local int tDevice = 0;
+thread_local int tBound = -1;          // boundDevice()
+thread_local size_t tLaunchBytes = 0;  // cudaemuThreadLastLaunchBytes()
 thread_local std::map<int, StreamPtr>* tPerThread = nullptr;
 
 void worker(StreamPtr s) {
@@ -123,11 +126,14 @@ Device& device(int id) { return *state().devices[size_t(id)]; }
 int currentDevice() {
   if (tDevice < deviceCount() && !device(tDevice).context.load(std::memory_order_relaxed))
     device(tDevice).context = true;
+  tBound = tDevice;
   return tDevice;
 }
+int boundDevice() { return tBound; }
 int selectedDevice() { return tDevice; }
 void setCurrentDevice(int id) {
   tDevice = id;
+  tBound = id;
   device(id).context = true;
 }
 int threadsPerBlock() { return state().threads; }
@@ -248,12 +254,46 @@ namespace {
 
 // Queues kernel `func`, whose one parameter is a W, on `blocks` blocks of s's device. The
 // parameter is copied now, as CUDA copies it at the launch.
+// bytes: how many of the parameter's bytes the launch passes (the driver's cuLaunchKernel
+// with a parameter buffer); the rest hold 0xa5, as a GPU's would hold whatever was there.
 template <class W>
-cudaError_t launchOn(const StreamPtr& s, const void* func, unsigned blocks, const void* param) {
+cudaError_t launchOn(const StreamPtr& s, const void* func, unsigned blocks, const void* param,
+                     size_t bytes = sizeof(W)) {
   auto k = reinterpret_cast<void (*)(W)>(const_cast<void*>(func));
-  auto w = std::make_shared<const W>(*static_cast<const W*>(param));
+  auto w = std::make_shared<W>();
+  memset(static_cast<void*>(w.get()), 0xa5, sizeof(W));
+  memcpy(static_cast<void*>(w.get()), param, bytes);
+  tLaunchBytes = bytes;
   const int dev = s->device;
   return enqueue(s, [dev, blocks, k, w] { runBlocks(dev, blocks, [&] { k(*w); }); });
+}
+
+// The checks of a launch both entry points make; cudaSuccess or the error to return.
+// device: the context the call runs in.
+cudaError_t checkLaunch(const StreamPtr& s, int device, const void* func, unsigned gx, unsigned gy,
+                        unsigned gz, unsigned bx) {
+  if (!s) return cudaErrorInvalidResourceHandle;
+  if (!func) return cudaErrorInvalidDeviceFunction;
+  if (gx == 0 || gy != 1 || gz != 1 || bx == 0 || bx > 1024) return cudaErrorInvalidConfiguration;
+  // A stream of another device than the current one is another context's.
+  if (s->device != device) return cudaErrorInvalidResourceHandle;
+  // TUTTI_EMU_FAIL_LAUNCH_AFTER=n: the launches after the process's first n fail, as a launch
+  // that asks for more than the GPU has left does (the library's failure path, for tests).
+  static const int launchLimit = envInt("TUTTI_EMU_FAIL_LAUNCH_AFTER", -1, -1, 1 << 30);
+  static std::atomic<int> launches{0};
+  if (launchLimit >= 0 && launches.fetch_add(1) >= launchLimit)
+    return cudaErrorLaunchOutOfResources;
+  return cudaSuccess;
+}
+
+bool isCollKernel(const void* func) {
+  static const std::set<const void*> known = [] {
+    std::set<const void*> k;
+    for (const void* f : tutti::dev::allKernels())
+      if (f != tutti::dev::p2pManyKernel()) k.insert(f);
+    return k;
+  }();
+  return known.count(func) != 0;
 }
 
 cudaError_t createStream(cudaStream_t* out, unsigned flags) {
@@ -353,27 +393,72 @@ cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** arg
                              cudaStream_t h) {
   CUDAEMU_CALL;
   StreamPtr s = resolve(h);
-  if (!s) return fail(cudaErrorInvalidResourceHandle);
-  if (!func || !args) return fail(cudaErrorInvalidDeviceFunction);
-  if (grid.x == 0 || grid.y != 1 || grid.z != 1 || block.x == 0 || block.x > 1024)
-    return fail(cudaErrorInvalidConfiguration);
-  // A stream of another device than the current one is another context's.
-  if (s->device != currentDevice()) return fail(cudaErrorInvalidResourceHandle);
-  // TUTTI_EMU_FAIL_LAUNCH_AFTER=n: the launches after the process's first n fail, as a launch
-  // that asks for more than the GPU has left does (the library's failure path, for tests).
-  static const int launchLimit = envInt("TUTTI_EMU_FAIL_LAUNCH_AFTER", -1, -1, 1 << 30);
-  static std::atomic<int> launches{0};
-  if (launchLimit >= 0 && launches.fetch_add(1) >= launchLimit)
-    return fail(cudaErrorLaunchOutOfResources);
+  if (!args) return fail(cudaErrorInvalidDeviceFunction);
+  if (cudaError_t e = checkLaunch(s, currentDevice(), func, grid.x, grid.y, grid.z, block.x);
+      e != cudaSuccess)
+    return fail(e);
   if (func == tutti::dev::p2pManyKernel())
     return launchOn<tutti::dev::DevP2pWork>(s, func, grid.x, args[0]);
-  static const std::set<const void*> known = [] {
-    const std::vector<const void*> all = tutti::dev::allKernels();
-    return std::set<const void*>(all.begin(), all.end());
-  }();
-  if (known.count(func) == 0) return fail(cudaErrorInvalidDeviceFunction);
-  return launchOn<tutti::dev::DevWork>(s, func, grid.x, args[0]);
+  if (!isCollKernel(func)) return fail(cudaErrorInvalidDeviceFunction);
+  return launchOn<tutti::dev::DevArgs>(s, func, grid.x, args[0]);
 }
+
+size_t cudaemuThreadLastLaunchBytes() { return tLaunchBytes; }
+
+cudaError_t cudaGetFuncBySymbol(cudaFunction_t* f, const void* symbol) {
+  CUDAEMU_CALL;
+  if (!f || !symbol) return fail(cudaErrorInvalidValue);
+  if (!isCollKernel(symbol) && symbol != tutti::dev::p2pManyKernel())
+    return fail(cudaErrorInvalidDeviceFunction);
+  *f = reinterpret_cast<cudaFunction_t>(const_cast<void*>(symbol));
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int,
+                                             unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+  CUDAEMU_CALL;
+  if (!symbol || !fn) return fail(cudaErrorInvalidValue);
+  const bool found = strcmp(symbol, "cuLaunchKernel") == 0;  // the one driver call emulated
+  *fn = found ? reinterpret_cast<void*>(&cuLaunchKernel) : nullptr;
+  if (status) *status = found ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  return found ? cudaSuccess : fail(cudaErrorSymbolNotFound);
+}
+
+}  // extern "C"
+
+// The driver's launch, as cudaGetDriverEntryPointByVersion hands it out (not exported): kernel
+// parameters in one buffer of a given size (CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE) only, the
+// collective kernels only. A buffer larger than the parameter is refused, as CUDA refuses it;
+// with TUTTI_EMU_PARAMS_EXACT=1 a smaller one too (a driver that wants every byte). Like the
+// driver, it needs the device's context current on the calling thread: one a runtime call of
+// this thread made current (cudaSetDevice, or a call that works on the device).
+extern "C" CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                           unsigned int gz, unsigned int bx, unsigned int by,
+                                           unsigned int bz, unsigned int, CUstream h, void** params,
+                                           void** extra) {
+  const ApiCall call("cuLaunchKernel");  // counted, without making a context current
+  void* buffer = nullptr;
+  size_t* size = nullptr;
+  for (int i = 0; extra && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[i + 1];
+    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = static_cast<size_t*>(extra[i + 1]);
+  }
+  if (params || !buffer || !size || by != 1 || bz != 1) return CUDA_ERROR_INVALID_VALUE;
+  const void* func = reinterpret_cast<const void*>(f);
+  if (!isCollKernel(func)) return CUDA_ERROR_INVALID_HANDLE;
+  if (boundDevice() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  const bool exact = envInt("TUTTI_EMU_PARAMS_EXACT", 0, 0, 1) != 0;
+  if (*size > sizeof(tutti::dev::DevArgs) || *size < sizeof(tutti::dev::DevHeader) ||
+      (exact && *size != sizeof(tutti::dev::DevArgs)))
+    return CUDA_ERROR_INVALID_VALUE;
+  StreamPtr s = resolve(reinterpret_cast<cudaStream_t>(h));
+  if (cudaError_t e = checkLaunch(s, boundDevice(), func, gx, gy, gz, bx); e != cudaSuccess)
+    return CUresult(e);  // the codes these checks give are the same in both APIs
+  return CUresult(launchOn<tutti::dev::DevArgs>(s, func, gx, buffer, *size));
+}
+
+extern "C" {
 
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, const void* func, int, size_t) {
   CUDAEMU_CALL;

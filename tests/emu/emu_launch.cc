@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include "kernels/cuda/coll_kernel.cuh"
@@ -18,7 +19,7 @@ void* tuttiP2pManyKernel_emu_uint8();
 
 namespace {
 
-using Kernel = void (*)(tutti::dev::DevWork);
+using Kernel = void (*)(tutti::dev::DevArgs);
 
 struct Table {
   void* k[tutti::dev::kNumDtypes][tutti::dev::kNumFns * tutti::dev::kNumProtos] = {};
@@ -38,8 +39,12 @@ void emuLaunch(int dtype, int fn, int proto, unsigned blocks, unsigned threads, 
     fprintf(stderr, "emuLaunch: no kernel for %d/%d/%d\n", dtype, fn, proto);
     abort();
   }
-  const tutti::dev::DevWork w = *static_cast<const tutti::dev::DevWork*>(work);
-  tutti::dev::emu::launch(blocks, threads, [&] { k(w); });
+  // Packed as the engine passes it (dev::packArgs), the bytes it does not pass 0xa5: a
+  // kernel that reads past them reads garbage, as it would on a GPU.
+  auto w = std::make_unique<tutti::dev::DevArgs>();
+  memset(static_cast<void*>(w.get()), 0xa5, sizeof(*w));
+  tutti::dev::packArgs(*static_cast<const tutti::dev::DevWork*>(work), w.get());
+  tutti::dev::emu::launch(blocks, threads, [&] { k(*w); });
 }
 
 void emuLaunchP2pMany(unsigned blocks, unsigned threads, const void* work) {

@@ -115,6 +115,52 @@ TEST(EmuPlan, SmallLLAllReducesGatherOnTwoToNineRanks) {
   EXPECT_EQ(algoOf(4, dev::kLL, CollKind::kReduce, 2, 4096), dev::kAlgoRing);
 }
 
+// An LL launch takes a thread per line of its largest step, in whole warps, 64 at least (the
+// slot-freeing thread in another warp than thread 0), dev::kThreads at most; Simple launches,
+// and LL ones with llFitThreads off (TUTTI_LL_FULL_BLOCKS=1), take dev::kThreads.
+TEST(EmuPlan, LLLaunchesTakeTheThreadsTheirStepsNeed) {
+  EXPECT_EQ(devplan::llThreadsFor(0), 64);
+  EXPECT_EQ(devplan::llThreadsFor(8), 64);
+  EXPECT_EQ(devplan::llThreadsFor(64 * 8), 64);
+  EXPECT_EQ(devplan::llThreadsFor(64 * 8 + 1), 96);
+  EXPECT_EQ(devplan::llThreadsFor(4096), 512);
+  EXPECT_EQ(devplan::llThreadsFor(size_t(1) << 30), dev::kThreads);
+  // Planned only (no kernel runs): LL slots of the library's default size (16 KiB of lines,
+  // 8 KiB of payload), LL up to 64 KiB, gathered up to 4 KiB, one channel.
+  constexpr size_t kSlot = 16 << 10;
+  auto threadsOf = [](int proto, CollKind kind, size_t count, bool fit) {
+    constexpr int n = 4;
+    EmuComm comm(n, proto);
+    devplan::Config c = comm.cfg;
+    c.llFitThreads = fit;
+    c.llMaxBytes = 64 << 10;
+    c.gatherMaxBytes = 4 << 10;
+    c.maxChannels = 1;
+    std::vector<float> x(count * size_t(n) + 1);
+    const CollArgs op = args(kind, x.data(), x.data(), count, ncclFloat, 0);
+    transport::FifoView send = comm.fifo(0, 1, 0).send, recv = comm.fifo(n - 1, 0, 0).recv;
+    send.llSlotBytes = recv.llSlotBytes = kSlot;
+    auto link = [&](int, int, bool isSend) -> const transport::FifoView* {
+      return isSend ? &send : &recv;
+    };
+    devplan::Plan plan;
+    uint64_t seq = 0;
+    EXPECT_TRUE(devplan::plan(
+                    c, &op, 1, link, [&] { return seq++; }, &plan)
+                    .ok());
+    return plan.launches.empty() ? -1 : plan.launches[0].threads;
+  };
+  EXPECT_EQ(threadsOf(dev::kLL, CollKind::kAllReduce, 2, true), 64);      // gathered, 8 bytes
+  EXPECT_EQ(threadsOf(dev::kLL, CollKind::kAllReduce, 256, true), 128);   // gathered, 1 KiB
+  EXPECT_EQ(threadsOf(dev::kLL, CollKind::kAllReduce, 1024, true), 512);  // gathered, 4 KiB
+  EXPECT_EQ(threadsOf(dev::kLL, CollKind::kAllReduce, 2, false), dev::kThreads);
+  EXPECT_EQ(threadsOf(dev::kSimple, CollKind::kAllReduce, 2, true), dev::kThreads);
+  // By the ring: steps of at most one slot's payload (8 KiB, 1024 lines), or of the channel's
+  // share where that is less.
+  EXPECT_EQ(threadsOf(dev::kLL, CollKind::kBroadcast, 8192, true), dev::kThreads);  // 32 KiB
+  EXPECT_EQ(threadsOf(dev::kLL, CollKind::kBroadcast, 64, true), 64);               // 256 B
+}
+
 // The gathered all-reduce reduces in rank order on every rank: on values whose sum rounds, each
 // rank holds exactly the float sum of pre(x_0) + pre(x_1) + ... in that order (the ring's order
 // differs from chunk to chunk, so a ring would miss it), PreMulSum's scalars applied by their

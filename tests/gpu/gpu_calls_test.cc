@@ -12,23 +12,41 @@
 #include <vector>
 
 #include "gpu/gpu_support.h"
+#include "kernels/cuda/dev_work.h"
 
 extern "C" unsigned long cudaemuThreadCalls(const char* name);
+extern "C" size_t cudaemuThreadLastLaunchBytes();
 
 using namespace tutti::test;
 
 namespace {
 
-const char* const kCostly[] = {
-    "cudaEventCreate",        "cudaEventCreateWithFlags", "cudaEventDestroy",
-    "cudaEventRecord",        "cudaEventRecordWithFlags", "cudaEventQuery",
-    "cudaEventSynchronize",   "cudaStreamWaitEvent",      "cudaStreamSynchronize",
-    "cudaStreamQuery",        "cudaStreamGetCaptureInfo", "cudaStreamIsCapturing",
-    "cudaStreamGetDevice",    "cudaPointerGetAttributes", "cudaLaunchKernel",
-    "cudaLaunchHostFunc",     "cudaMemcpyAsync",          "cudaMemsetAsync",
-    "cudaMemcpy",             "cudaMemset",               "cudaDeviceSynchronize",
-    "cudaMalloc",             "cudaFree",                 "cudaHostRegister",
-    "cudaHostGetDevicePointer"};
+const char* const kCostly[] = {"cudaEventCreate",
+                               "cudaEventCreateWithFlags",
+                               "cudaEventDestroy",
+                               "cudaEventRecord",
+                               "cudaEventRecordWithFlags",
+                               "cudaEventQuery",
+                               "cudaEventSynchronize",
+                               "cudaStreamWaitEvent",
+                               "cudaStreamSynchronize",
+                               "cudaStreamQuery",
+                               "cudaStreamGetCaptureInfo",
+                               "cudaStreamIsCapturing",
+                               "cudaStreamGetDevice",
+                               "cudaPointerGetAttributes",
+                               "cudaLaunchKernel",
+                               "cuLaunchKernel",
+                               "cudaLaunchHostFunc",
+                               "cudaMemcpyAsync",
+                               "cudaMemsetAsync",
+                               "cudaMemcpy",
+                               "cudaMemset",
+                               "cudaDeviceSynchronize",
+                               "cudaMalloc",
+                               "cudaFree",
+                               "cudaHostRegister",
+                               "cudaHostGetDevicePointer"};
 
 std::vector<unsigned long> costlySoFar() {
   std::vector<unsigned long> n;
@@ -84,8 +102,9 @@ TEST(GpuCalls, OneRanksAllReduceIsOneCopyAfterItsQueries) {
 }
 
 // Four ranks on one GPU, from one thread in one group, each on a stream of its own: per rank
-// one kernel, a record of where the caller's stream stood (a sibling sharing it would wait
-// there), one of the kernel's end, and the capture query that orders it after the last.
+// one kernel (the driver's launch, passing the parameter bytes it uses), a record of where the
+// caller's stream stood (a sibling sharing it would wait there), one of the kernel's end, and the
+// capture query that orders it after the last.
 TEST(GpuCalls, FourRanksInOneGroupEachLaunchOnceOnTheirOwnStream) {
   SKIP_WITHOUT_GPU();
   constexpr int kRanks = 4;
@@ -111,13 +130,119 @@ TEST(GpuCalls, FourRanksInOneGroupEachLaunchOnceOnTheirOwnStream) {
   run();
   EXPECT_EQ(costlyCallsPerOp(kOps, run),
             "cudaEventRecord 4, cudaEventRecordWithFlags 4, cudaStreamGetCaptureInfo 4, "
-            "cudaStreamGetDevice 4, cudaPointerGetAttributes 4, cudaLaunchKernel 4");
+            "cudaStreamGetDevice 4, cudaPointerGetAttributes 4, cuLaunchKernel 4");
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(cudaStreamSynchronize(streams[size_t(r)]), cudaSuccess);
     EXPECT_EQ(ncclCommDestroy(comms[size_t(r)]), ncclSuccess);
     cudaStreamDestroy(streams[size_t(r)]);
     cudaFree(bufs[size_t(r)]);
   }
+}
+
+// Four ranks in one group on one GPU, from this thread: each all-reduces count floats (each
+// rank's buffer holding r + 1) once `ops` times; returns the launches' calls per operation and
+// the parameter bytes the last launch passed; checks the sums.
+struct LaunchSeen {
+  std::string calls;
+  size_t bytes = 0;
+};
+LaunchSeen allReduceInOneGroup(size_t count, int ops) {
+  constexpr int kRanks = 4;
+  std::vector<ncclComm_t> comms(kRanks);
+  std::vector<int> devs(kRanks, 0);
+  EXPECT_EQ(ncclCommInitAll(comms.data(), kRanks, devs.data()), ncclSuccess);
+  RankBuffers bufs(kRanks, count);
+  std::vector<cudaStream_t> streams(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&streams[size_t(r)], cudaStreamNonBlocking), cudaSuccess);
+    bufs.fill(r, float(r + 1), streams[size_t(r)]);
+  }
+  auto run = [&] {
+    for (int i = 0; i < ops; ++i) {
+      EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+      for (int r = 0; r < kRanks; ++r)
+        EXPECT_EQ(ncclAllReduce(bufs.bufs[size_t(r)], bufs.bufs[size_t(r)], count, ncclFloat,
+                                ncclMax, comms[size_t(r)], streams[size_t(r)]),
+                  ncclSuccess);
+      EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+    }
+  };
+  LaunchSeen seen;
+  seen.calls = costlyCallsPerOp(ops, run);
+  seen.bytes = cudaemuThreadLastLaunchBytes();
+  for (int r = 0; r < kRanks; ++r) {
+    // Max of 1 .. 4, however often: 4 everywhere (any byte of a launch read wrong shows).
+    EXPECT_EQ(bufs.check(r, 4.0f, streams[size_t(r)]), "");
+    EXPECT_EQ(ncclCommDestroy(comms[size_t(r)]), ncclSuccess);
+    cudaStreamDestroy(streams[size_t(r)]);
+  }
+  return seen;
+}
+
+// fn's result with the environment variable `name` set to 1 while it runs.
+template <class F>
+auto withEnvSet(const char* name, F fn) {
+  setenv(name, "1", 1);
+  auto r = fn();
+  unsetenv(name);
+  return r;
+}
+
+// Only the calls that launch.
+std::string launchCalls(const std::string& calls) {
+  std::string out;
+  for (const char* name : {"cudaLaunchKernel", "cuLaunchKernel"}) {
+    const std::string key = std::string(name) + " ";
+    for (size_t at = calls.find(key); at != std::string::npos; at = calls.find(key, at + 1)) {
+      if (at != 0 && calls[at - 1] != ' ') continue;  // cuLaunchKernel inside cudaLaunchKernel
+      const size_t end = calls.find(',', at);
+      out +=
+          (out.empty() ? "" : ", ") + calls.substr(at, end == std::string::npos ? end : end - at);
+    }
+  }
+  return out;
+}
+
+// A kernel's parameter (dev::DevArgs) holds room for 16 operations on 16 channels, 5.5 KB; a
+// launch passes the header, the channels its collectives use and its operations, through the
+// driver's cuLaunchKernel (the runtime's cudaLaunchKernel copies a parameter whole). The rest
+// of the parameter holds 0xa5 on the emulated GPU: the sums check that no kernel reads it.
+TEST(GpuCalls, ALaunchPassesOnlyTheParameterBytesItUses) {
+  SKIP_WITHOUT_GPU();
+  using namespace tutti::dev;
+  LaunchSeen small = allReduceInOneGroup(2, 3);
+  EXPECT_EQ(launchCalls(small.calls), "cuLaunchKernel 4");
+  EXPECT_EQ(small.bytes, sizeof(DevHeader) + sizeof(DevChannel) + sizeof(DevOp));
+  EXPECT_EQ(small.bytes, 392u);
+  // 2 MiB: more channels, each passed.
+  LaunchSeen big = allReduceInOneGroup(512 << 10, 1);
+  EXPECT_EQ(launchCalls(big.calls), "cuLaunchKernel 4");
+  const size_t channelBytes = big.bytes - sizeof(DevHeader) - sizeof(DevOp);
+  EXPECT_EQ(channelBytes % sizeof(DevChannel), 0u) << big.bytes;
+  EXPECT_GE(channelBytes / sizeof(DevChannel), 2u) << big.bytes;
+  EXPECT_LE(channelBytes / sizeof(DevChannel), size_t(kMaxChannels)) << big.bytes;
+}
+
+// TUTTI_LAUNCH_FULL_PARAMS=1: the runtime's launch with the whole parameter (to compare the
+// two on a GPU: scripts/device-check).
+TEST(GpuCalls, LaunchesPassTheWholeParameterWhenAskedTo) {
+  SKIP_WITHOUT_GPU();
+  const LaunchSeen seen =
+      withEnvSet("TUTTI_LAUNCH_FULL_PARAMS", [] { return allReduceInOneGroup(2, 3); });
+  EXPECT_EQ(launchCalls(seen.calls), "cudaLaunchKernel 4");
+  EXPECT_EQ(seen.bytes, sizeof(tutti::dev::DevArgs));
+}
+
+// A driver that refuses a parameter buffer shorter than the parameter (TUTTI_EMU_PARAMS_EXACT
+// makes the emulated one do so): the first launch of each communicator tries it, then launches
+// by the runtime with the whole parameter, and every later one goes there at once.
+TEST(GpuCalls, ADriverThatWantsWholeParametersGetsThem) {
+  SKIP_WITHOUT_GPU();
+  const LaunchSeen seen =
+      withEnvSet("TUTTI_EMU_PARAMS_EXACT", [] { return allReduceInOneGroup(2, 3); });
+  // Over the 3 operations: 4 refused driver launches, then 12 by the runtime.
+  EXPECT_EQ(launchCalls(seen.calls), "cudaLaunchKernel 4, cuLaunchKernel 1.333333");
+  EXPECT_EQ(seen.bytes, sizeof(tutti::dev::DevArgs));
 }
 
 // Four ranks on one GPU as threads, each on a stream of its own, calling without a group: each
