@@ -29,6 +29,7 @@
 
 #include "kernels/cuda/dev_work.h"
 #include "kernels/cuda/kernel_table.h"
+#include "runtime/cuda_shim.h"
 
 namespace {
 
@@ -147,50 +148,36 @@ int main(int argc, char** argv) {
     sync();
     rows.push_back({what, hostNs(calls, fn, queues ? std::function<void()>(sync) : none)});
   };
-  host(
-      "cudaPointerGetAttributes, GPU memory",
-      [&] {
-        cudaPointerAttributes at;
-        check(cudaPointerGetAttributes(&at, a), "cudaPointerGetAttributes");
-      },
-      false);
-  host(
-      "cudaPointerGetAttributes, pageable host memory",
-      [&] {
-        cudaPointerAttributes at;
-        check(cudaPointerGetAttributes(&at, pageable.data()), "cudaPointerGetAttributes");
-      },
-      false);
-  host(
-      "cudaStreamGetDevice",
-      [&] {
-        int d;
-        check(cudaStreamGetDevice(s, &d), "cudaStreamGetDevice");
-      },
-      false);
-  host(
-      "cudaStreamGetCaptureInfo",
-      [&] {
-        cudaStreamCaptureStatus st;
-        unsigned long long id;
-        check(cudaStreamGetCaptureInfo(s, &st, &id, nullptr, nullptr, nullptr, nullptr),
-              "cudaStreamGetCaptureInfo");
-      },
-      false);
-  host(
-      "cudaEventRecord", [&] { check(cudaEventRecord(ev, s), "cudaEventRecord"); }, true);
-  host(
-      "cudaMemcpyAsync 8 B device to device",
-      [&] { check(cudaMemcpyAsync(b, a, 8, cudaMemcpyDefault, s), "cudaMemcpyAsync"); }, true);
-  host(
-      "cudaLaunchKernel, whole parameter (" + std::to_string(sizeof(dev::DevArgs)) + " B)",
-      [&] { launcher.whole(s); }, true);
-  host(
-      "cuLaunchKernel, " + std::to_string(oneOp) + " B (one collective, one channel)",
-      [&] { launcher.packed(s, oneOp); }, true);
-  host(
-      "cuLaunchKernel, " + std::to_string(header) + " B (the header)",
-      [&] { launcher.packed(s, header); }, true);
+  auto pointerQuery = [&](const void* p) {
+    return [p] {
+      cudaPointerAttributes at;
+      check(cudaPointerGetAttributes(&at, p), "cudaPointerGetAttributes");
+    };
+  };
+  auto streamDevice = [&] {
+    if (tutti::cuda::streamDevice(s) != 0) check(cudaErrorUnknown, "cudaStreamGetDevice");
+  };
+  auto captureQuery = [&] {
+    cudaStreamCaptureStatus st;
+    unsigned long long id;
+    check(cudaStreamGetCaptureInfo(s, &st, &id), "cudaStreamGetCaptureInfo");
+  };
+  auto record = [&] { check(cudaEventRecord(ev, s), "cudaEventRecord"); };
+  auto copy = [&] { check(cudaMemcpyAsync(b, a, 8, cudaMemcpyDefault, s), "cudaMemcpyAsync"); };
+  auto whole = [&] { launcher.whole(s); };
+  auto packedOne = [&] { launcher.packed(s, oneOp); };
+  auto packedHeader = [&] { launcher.packed(s, header); };
+  host("cudaPointerGetAttributes, GPU memory", pointerQuery(a), false);
+  host("cudaPointerGetAttributes, pageable host memory", pointerQuery(pageable.data()), false);
+  host("cudaStreamGetDevice", streamDevice, false);
+  host("cudaStreamGetCaptureInfo", captureQuery, false);
+  host("cudaEventRecord", record, true);
+  host("cudaMemcpyAsync 8 B device to device", copy, true);
+  host("cudaLaunchKernel, whole parameter (" + std::to_string(sizeof(dev::DevArgs)) + " B)", whole,
+       true);
+  host("cuLaunchKernel, " + std::to_string(oneOp) + " B (one collective, one channel)", packedOne,
+       true);
+  host("cuLaunchKernel, " + std::to_string(header) + " B (the header)", packedHeader, true);
 
   // 4 threads at once, a stream each: each thread's time per launch.
   auto fourThreads = [&](const std::string& what, bool whole) {
@@ -216,17 +203,10 @@ int main(int argc, char** argv) {
   fourThreads("4 threads at once, cudaLaunchKernel whole", true);
   fourThreads("4 threads at once, cuLaunchKernel " + std::to_string(oneOp) + " B", false);
 
-  rows.push_back({"GPU per launch back to back, whole parameter",
-                  deviceNs(
-                      calls, [&] { launcher.whole(s); }, sync)});
+  rows.push_back({"GPU per launch back to back, whole parameter", deviceNs(calls, whole, sync)});
   rows.push_back({"GPU per launch back to back, " + std::to_string(oneOp) + " B",
-                  deviceNs(
-                      calls, [&] { launcher.packed(s, oneOp); }, sync)});
-  rows.push_back(
-      {"GPU per 8 B copy back to back",
-       deviceNs(
-           calls, [&] { check(cudaMemcpyAsync(b, a, 8, cudaMemcpyDefault, s), "cudaMemcpyAsync"); },
-           sync)});
+                  deviceNs(calls, packedOne, sync)});
+  rows.push_back({"GPU per 8 B copy back to back", deviceNs(calls, copy, sync)});
 
   printf("# tutti-call-costs: GPU 0 (%s), %d calls a round, median of %d rounds\n", prop.name,
          calls, kRounds);

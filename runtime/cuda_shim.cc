@@ -193,6 +193,21 @@ Status captureIdOn(void* stream, int device, unsigned long long* id) {
   return captureId(stream, id);
 }
 
+void* driverFunction(const char* symbol) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050  // cudaGetDriverEntryPoint is deprecated from then on
+  const cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &fn, 4000, cudaEnableDefault, &q);
+#else
+  const cudaError_t e = cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault, &q);
+#endif
+  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+}
+
 #else  // !TUTTI_HAVE_CUDA
 
 int deviceCount() { return 0; }
@@ -226,6 +241,7 @@ Status captureIdOn(void*, int, unsigned long long* id) {
   *id = 0;
   return Status::Ok();
 }
+void* driverFunction(const char*) { return nullptr; }
 
 #endif
 

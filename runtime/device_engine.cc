@@ -321,14 +321,7 @@ Status DeviceEngine::init() {
       functions_[k] = f;
   }
   if (!args_) args_ = std::make_unique<dev::DevArgs>();
-  if (!driverLaunch_) {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuLaunchKernel", &fn, 4000, cudaEnableDefault, &q) ==
-            cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      driverLaunch_ = fn;  // else the runtime's launch (the DeviceGuard clears the error)
-  }
+  if (!driverLaunch_) driverLaunch_ = cuda::driverFunction("cuLaunchKernel");  // or the runtime's
   // Found now, with the kernels loaded: every group of sends and receives is planned within it.
   findP2pBlockCap();
   if (!links_) links_ = std::make_unique<Links>(comm_, Links::Kind::kDevice);

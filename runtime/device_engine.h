@@ -68,6 +68,12 @@ class DeviceEngine {
 
   // Channels (blocks) per collective at most.
   int maxChannels() const { return maxChannels_; }
+  // Whether launches pass a kernel's whole parameter (TUTTI_LAUNCH_FULL_PARAMS=1, or after the
+  // driver refused the bytes used: launchOne), not only the bytes it uses.
+  bool launchesWholeParams() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fullParams_;
+  }
   // Whether the GPU ranks agree on the planner's settings (checkDeviceSettingsAgree): group.cc
   // refuses device operations before anything runs where they do not.
   const Status& settingsAgree() const { return settingsAgree_; }
@@ -119,7 +125,7 @@ class DeviceEngine {
 
   Comm& comm_;
   std::unique_ptr<Links> links_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   bool ready_ = false;
   void* stream_ = nullptr;  // cudaStream_t
   void* entry_ = nullptr;   // cudaEvent_t

@@ -420,20 +420,32 @@ Status DeviceEngine::launchOne(size_t i) {
     const CUresult r = drv(static_cast<CUfunction>(f->second), grid.x, 1, 1, block.x, 1, 1, 0,
                            reinterpret_cast<CUstream>(target), nullptr, extra);
     if (r == CUDA_SUCCESS) return Status::Ok();
-    // A driver that takes only whole parameters, say, or a thread without the context
-    // current: the runtime's launch instead, which has always worked, from now on if it works.
+    // Refusals that queue nothing: a parameter buffer shorter than the parameter (a driver
+    // that wants it whole), or a function, context or call this driver or thread does not
+    // take. Those go by the runtime's launch, which has always worked, from now on if it works
+    // now. Anything else (out of resources, an earlier kernel's fault) is the launch's error.
+    const bool refused = r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE ||
+                         r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_NOT_SUPPORTED;
+    const std::string driverCall = "cuLaunchKernel (CUresult " + std::to_string(int(r)) + ")";
+    if (!refused) return failed(driverCall.c_str(), int(r));  // the codes are the runtime's too
     void* args[] = {args_.get()};
     const int err = cudaLaunchKernel(kernels_[i], grid, block, args, 0, target);
-    if (err != cudaSuccess) return failed("cudaLaunchKernel", err);
+    if (err != cudaSuccess) {
+      return failed(("cudaLaunchKernel, after " + driverCall + " refused the parameter's " +
+                     std::to_string(bytes) + " bytes")
+                        .c_str(),
+                    err);
+    }
     fullParams_ = true;
     static std::atomic<bool> said{false};
     if (!said.exchange(true)) {
       TUTTI_WARN(
           "rank %d: cuLaunchKernel with the %zu bytes of its parameter the kernel uses "
-          "failed (CUresult %d) where cudaLaunchKernel with all %zu did not: this "
+          "failed (CUresult %d: %s) where cudaLaunchKernel with all %zu did not: this "
           "communicator's launches pass them all from now on (slower to launch, no "
           "other difference; said once per process)",
-          comm_.rank(), bytes, int(r), sizeof(dev::DevArgs));
+          comm_.rank(), bytes, int(r), cudaGetErrorName(static_cast<cudaError_t>(r)),
+          sizeof(dev::DevArgs));
     }
     return Status::Ok();
   }

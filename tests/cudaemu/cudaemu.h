@@ -197,6 +197,7 @@ extern "C" unsigned long cudaemuThreadCalls(const char* name);
 // Whether this process made the primary context of device d (a GPU's memory taken by a
 // process that never meant to use it shows as such a context); not a CUDA function.
 extern "C" int cudaemuContextMade(int d);
-// The parameter bytes this thread's last kernel launch passed (cudaLaunchKernel: the whole
-// parameter; the driver's cuLaunchKernel: its buffer's size); not a CUDA function.
-extern "C" size_t cudaemuThreadLastLaunchBytes();
+// This thread's last kernel launch: the parameter bytes it passed (cudaLaunchKernel: the whole
+// parameter; the driver's cuLaunchKernel: its buffer's size) and the threads per block it asked
+// for (the emulated blocks run TUTTI_EMU_THREADS of them whatever it asked); not a CUDA function.
+extern "C" void cudaemuThreadLastLaunch(size_t* bytes, unsigned* threads);

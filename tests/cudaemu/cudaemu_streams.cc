@@ -51,8 +51,9 @@ State& state() {
 }
 
 thread_local int tDevice = 0;
-thread_local int tBound = -1;          // boundDevice()
-thread_local size_t tLaunchBytes = 0;  // cudaemuThreadLastLaunchBytes()
+thread_local int tBound = -1;              // boundDevice()
+thread_local size_t tLaunchBytes = 0;      // cudaemuThreadLastLaunch()
+thread_local unsigned tLaunchThreads = 0;  // cudaemuThreadLastLaunch()
 thread_local std::map<int, StreamPtr>* tPerThread = nullptr;
 
 void worker(StreamPtr s) {
@@ -257,13 +258,14 @@ namespace {
 // bytes: how many of the parameter's bytes the launch passes (the driver's cuLaunchKernel
 // with a parameter buffer); the rest hold 0xa5, as a GPU's would hold whatever was there.
 template <class W>
-cudaError_t launchOn(const StreamPtr& s, const void* func, unsigned blocks, const void* param,
-                     size_t bytes = sizeof(W)) {
+cudaError_t launchOn(const StreamPtr& s, const void* func, unsigned blocks, unsigned threads,
+                     const void* param, size_t bytes = sizeof(W)) {
   auto k = reinterpret_cast<void (*)(W)>(const_cast<void*>(func));
   auto w = std::make_shared<W>();
   memset(static_cast<void*>(w.get()), 0xa5, sizeof(W));
   memcpy(static_cast<void*>(w.get()), param, bytes);
   tLaunchBytes = bytes;
+  tLaunchThreads = threads;
   const int dev = s->device;
   return enqueue(s, [dev, blocks, k, w] { runBlocks(dev, blocks, [&] { k(*w); }); });
 }
@@ -398,12 +400,15 @@ cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** arg
       e != cudaSuccess)
     return fail(e);
   if (func == tutti::dev::p2pManyKernel())
-    return launchOn<tutti::dev::DevP2pWork>(s, func, grid.x, args[0]);
+    return launchOn<tutti::dev::DevP2pWork>(s, func, grid.x, block.x, args[0]);
   if (!isCollKernel(func)) return fail(cudaErrorInvalidDeviceFunction);
-  return launchOn<tutti::dev::DevArgs>(s, func, grid.x, args[0]);
+  return launchOn<tutti::dev::DevArgs>(s, func, grid.x, block.x, args[0]);
 }
 
-size_t cudaemuThreadLastLaunchBytes() { return tLaunchBytes; }
+void cudaemuThreadLastLaunch(size_t* bytes, unsigned* threads) {
+  *bytes = tLaunchBytes;
+  *threads = tLaunchThreads;
+}
 
 cudaError_t cudaGetFuncBySymbol(cudaFunction_t* f, const void* symbol) {
   CUDAEMU_CALL;
@@ -455,7 +460,7 @@ extern "C" CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsign
   StreamPtr s = resolve(reinterpret_cast<cudaStream_t>(h));
   if (cudaError_t e = checkLaunch(s, boundDevice(), func, gx, gy, gz, bx); e != cudaSuccess)
     return CUresult(e);  // the codes these checks give are the same in both APIs
-  return CUresult(launchOn<tutti::dev::DevArgs>(s, func, gx, buffer, *size));
+  return CUresult(launchOn<tutti::dev::DevArgs>(s, func, gx, bx, buffer, *size));
 }
 
 extern "C" {

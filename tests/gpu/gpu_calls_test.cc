@@ -12,10 +12,11 @@
 #include <vector>
 
 #include "gpu/gpu_support.h"
+#include "harness/harness.h"
 #include "kernels/cuda/dev_work.h"
 
 extern "C" unsigned long cudaemuThreadCalls(const char* name);
-extern "C" size_t cudaemuThreadLastLaunchBytes();
+extern "C" void cudaemuThreadLastLaunch(size_t* bytes, unsigned* threads);
 
 using namespace tutti::test;
 
@@ -139,53 +140,52 @@ TEST(GpuCalls, FourRanksInOneGroupEachLaunchOnceOnTheirOwnStream) {
   }
 }
 
-// Four ranks in one group on one GPU, from this thread: each all-reduces count floats (each
-// rank's buffer holding r + 1) once `ops` times; returns the launches' calls per operation and
-// the parameter bytes the last launch passed; checks the sums.
+// Four ranks in one group on one GPU, from this thread: each sums two buffers of count floats
+// (rank r's hold r + 1 and 2 (r + 1)) in one group, `ops` times, the two in one launch; returns
+// the launches' calls per group and the shape of the last launch; checks the sums (an operation
+// that ran twice, or read a byte of its launch wrong, shows).
 struct LaunchSeen {
   std::string calls;
   size_t bytes = 0;
+  unsigned threads = 0;
 };
 LaunchSeen allReduceInOneGroup(size_t count, int ops) {
   constexpr int kRanks = 4;
   std::vector<ncclComm_t> comms(kRanks);
   std::vector<int> devs(kRanks, 0);
   EXPECT_EQ(ncclCommInitAll(comms.data(), kRanks, devs.data()), ncclSuccess);
-  RankBuffers bufs(kRanks, count);
+  RankBuffers a(kRanks, count), b(kRanks, count);
   std::vector<cudaStream_t> streams(kRanks);
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(cudaStreamCreateWithFlags(&streams[size_t(r)], cudaStreamNonBlocking), cudaSuccess);
-    bufs.fill(r, float(r + 1), streams[size_t(r)]);
+    a.fill(r, float(r + 1), streams[size_t(r)]);
+    b.fill(r, float(2 * (r + 1)), streams[size_t(r)]);
   }
   auto run = [&] {
     for (int i = 0; i < ops; ++i) {
       EXPECT_EQ(ncclGroupStart(), ncclSuccess);
-      for (int r = 0; r < kRanks; ++r)
-        EXPECT_EQ(ncclAllReduce(bufs.bufs[size_t(r)], bufs.bufs[size_t(r)], count, ncclFloat,
-                                ncclMax, comms[size_t(r)], streams[size_t(r)]),
-                  ncclSuccess);
+      for (int r = 0; r < kRanks; ++r) {
+        for (RankBuffers* x : {&a, &b}) {
+          EXPECT_EQ(ncclAllReduce(x->bufs[size_t(r)], x->bufs[size_t(r)], count, ncclFloat, ncclSum,
+                                  comms[size_t(r)], streams[size_t(r)]),
+                    ncclSuccess);
+        }
+      }
       EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
     }
   };
   LaunchSeen seen;
   seen.calls = costlyCallsPerOp(ops, run);
-  seen.bytes = cudaemuThreadLastLaunchBytes();
+  cudaemuThreadLastLaunch(&seen.bytes, &seen.threads);
+  float sum = 10.0f;  // 1 + 2 + 3 + 4, then four times that at each further round
+  for (int i = 1; i < ops; ++i) sum *= 4.0f;
   for (int r = 0; r < kRanks; ++r) {
-    // Max of 1 .. 4, however often: 4 everywhere (any byte of a launch read wrong shows).
-    EXPECT_EQ(bufs.check(r, 4.0f, streams[size_t(r)]), "");
+    EXPECT_EQ(a.check(r, sum, streams[size_t(r)]), "");
+    EXPECT_EQ(b.check(r, 2.0f * sum, streams[size_t(r)]), "");
     EXPECT_EQ(ncclCommDestroy(comms[size_t(r)]), ncclSuccess);
     cudaStreamDestroy(streams[size_t(r)]);
   }
   return seen;
-}
-
-// fn's result with the environment variable `name` set to 1 while it runs.
-template <class F>
-auto withEnvSet(const char* name, F fn) {
-  setenv(name, "1", 1);
-  auto r = fn();
-  unsetenv(name);
-  return r;
 }
 
 // Only the calls that launch.
@@ -206,29 +206,40 @@ std::string launchCalls(const std::string& calls) {
 // A kernel's parameter (dev::DevArgs) holds room for 16 operations on 16 channels, 5.5 KB; a
 // launch passes the header, the channels its collectives use and its operations, through the
 // driver's cuLaunchKernel (the runtime's cudaLaunchKernel copies a parameter whole). The rest
-// of the parameter holds 0xa5 on the emulated GPU: the sums check that no kernel reads it.
+// of the parameter holds 0xa5 on the emulated GPU: the sums check that no kernel reads it. A
+// small LL launch asks for 64 threads a block.
 TEST(GpuCalls, ALaunchPassesOnlyTheParameterBytesItUses) {
   SKIP_WITHOUT_GPU();
   using namespace tutti::dev;
-  LaunchSeen small = allReduceInOneGroup(2, 3);
+  const LaunchSeen small = allReduceInOneGroup(2, 3);
   EXPECT_EQ(launchCalls(small.calls), "cuLaunchKernel 4");
-  EXPECT_EQ(small.bytes, sizeof(DevHeader) + sizeof(DevChannel) + sizeof(DevOp));
-  EXPECT_EQ(small.bytes, 392u);
-  // 2 MiB: more channels, each passed.
-  LaunchSeen big = allReduceInOneGroup(512 << 10, 1);
+  EXPECT_EQ(small.bytes, sizeof(DevHeader) + sizeof(DevChannel) + 2 * sizeof(DevOp));
+  EXPECT_EQ(small.bytes, 576u);
+  EXPECT_EQ(small.threads, 64u);
+  // 2 MiB each: Simple, more channels, each passed, and blocks of kThreads.
+  const LaunchSeen big = allReduceInOneGroup(512 << 10, 1);
   EXPECT_EQ(launchCalls(big.calls), "cuLaunchKernel 4");
-  const size_t channelBytes = big.bytes - sizeof(DevHeader) - sizeof(DevOp);
+  const size_t channelBytes = big.bytes - sizeof(DevHeader) - 2 * sizeof(DevOp);
   EXPECT_EQ(channelBytes % sizeof(DevChannel), 0u) << big.bytes;
   EXPECT_GE(channelBytes / sizeof(DevChannel), 2u) << big.bytes;
   EXPECT_LE(channelBytes / sizeof(DevChannel), size_t(kMaxChannels)) << big.bytes;
+  EXPECT_EQ(big.threads, unsigned(kThreads));
+}
+
+// TUTTI_LL_FULL_BLOCKS=1: LL launches take kThreads a block, as before.
+TEST(GpuCalls, LLLaunchesTakeFullBlocksWhenAskedTo) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv full("TUTTI_LL_FULL_BLOCKS", "1");
+  const LaunchSeen seen = allReduceInOneGroup(2, 1);
+  EXPECT_EQ(seen.threads, unsigned(tutti::dev::kThreads));
 }
 
 // TUTTI_LAUNCH_FULL_PARAMS=1: the runtime's launch with the whole parameter (to compare the
 // two on a GPU: scripts/device-check).
 TEST(GpuCalls, LaunchesPassTheWholeParameterWhenAskedTo) {
   SKIP_WITHOUT_GPU();
-  const LaunchSeen seen =
-      withEnvSet("TUTTI_LAUNCH_FULL_PARAMS", [] { return allReduceInOneGroup(2, 3); });
+  ScopedEnv full("TUTTI_LAUNCH_FULL_PARAMS", "1");
+  const LaunchSeen seen = allReduceInOneGroup(2, 3);
   EXPECT_EQ(launchCalls(seen.calls), "cudaLaunchKernel 4");
   EXPECT_EQ(seen.bytes, sizeof(tutti::dev::DevArgs));
 }
@@ -238,8 +249,8 @@ TEST(GpuCalls, LaunchesPassTheWholeParameterWhenAskedTo) {
 // by the runtime with the whole parameter, and every later one goes there at once.
 TEST(GpuCalls, ADriverThatWantsWholeParametersGetsThem) {
   SKIP_WITHOUT_GPU();
-  const LaunchSeen seen =
-      withEnvSet("TUTTI_EMU_PARAMS_EXACT", [] { return allReduceInOneGroup(2, 3); });
+  ScopedEnv exact("TUTTI_EMU_PARAMS_EXACT", "1");
+  const LaunchSeen seen = allReduceInOneGroup(2, 3);
   // Over the 3 operations: 4 refused driver launches, then 12 by the runtime.
   EXPECT_EQ(launchCalls(seen.calls), "cudaLaunchKernel 4, cuLaunchKernel 1.333333");
   EXPECT_EQ(seen.bytes, sizeof(tutti::dev::DevArgs));

@@ -134,7 +134,9 @@ TEST(GpuEmuChild, DISABLED_TwoRanksWhoseSecondLaunchFails) {
   EXPECT_NE(msg.find("rank 1: launching the kernel of ncclAllReduce (opCount 0) on GPU 0, "),
             std::string::npos)
       << msg;
-  EXPECT_NE(msg.find("cudaLaunchKernel: cudaErrorLaunchOutOfResources"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cuLaunchKernel (CUresult 701): cudaErrorLaunchOutOfResources"),
+            std::string::npos)
+      << msg;
   // Rank 0's kernel, launched, waits for rank 1's, which will never come: it stops at once.
   const double start = now();
   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -155,8 +157,8 @@ TEST(GpuEmuChild, DISABLED_TwoRanksWhoseSecondLaunchFails) {
 TEST(GpuEmu, AFailedLaunchIsNamedAndStopsTheKernelsLaunchedWithIt) {
   SKIP_WITHOUT_GPU();
   bool passed = false;
-  const std::string out = runChild("TUTTI_EMU_FAIL_LAUNCH_AFTER=1", "TwoRanksWhoseSecondLaunchFails",
-                                   &passed);
+  const std::string out =
+      runChild("TUTTI_EMU_FAIL_LAUNCH_AFTER=1", "TwoRanksWhoseSecondLaunchFails", &passed);
   EXPECT_TRUE(passed) << out;
 }
 
