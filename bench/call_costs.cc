@@ -9,7 +9,8 @@
 //     a parameter buffer: 392 bytes for one collective on one channel, 48 for the header); from
 //     one thread, then from 4 threads at once, each with a stream of its own, on the one GPU
 //     (ranks on threads sharing it);
-//   - the same launches back to back until the GPU has run them all: the GPU's time per launch.
+//   - the same launches back to back until the GPU has run them all: the GPU's time per launch,
+//     eagerly and from a CUDA graph, with and without an external event record after each.
 // Host rows submit in batches of 100 and wait for the GPU between batches, untimed, so that a
 // full launch queue never blocks a timed call. Each row is the median of 5 rounds.
 //   tutti-call-costs [calls per round = 2000]
@@ -207,6 +208,30 @@ int main(int argc, char** argv) {
   rows.push_back({"GPU per launch back to back, " + std::to_string(oneOp) + " B",
                   deviceNs(calls, packedOne, sync)});
   rows.push_back({"GPU per 8 B copy back to back", deviceNs(calls, copy, sync)});
+  // From a CUDA graph of kGraphOps launches, each followed by an external record of one event
+  // or not: tutti records its serial_ event so after every launch it captures (docs/
+  // architecture.md), a node on the kernels' path at every replay.
+  constexpr int kGraphOps = 20;
+  auto graphNs = [&](bool withRecord) {
+    cudaGraph_t g;
+    cudaGraphExec_t x;
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+    for (int i = 0; i < kGraphOps; ++i) {
+      packedOne();
+      if (withRecord)
+        check(cudaEventRecordWithFlags(ev, s, cudaEventRecordExternal), "cudaEventRecord");
+    }
+    check(cudaStreamEndCapture(s, &g), "cudaStreamEndCapture");
+    check(cudaGraphInstantiate(&x, g, 0), "cudaGraphInstantiate");
+    auto replay = [&] { check(cudaGraphLaunch(x, s), "cudaGraphLaunch"); };
+    const double ns = deviceNs(std::max(1, calls / kGraphOps), replay, sync) / kGraphOps;
+    check(cudaGraphExecDestroy(x), "cudaGraphExecDestroy");
+    check(cudaGraphDestroy(g), "cudaGraphDestroy");
+    return ns;
+  };
+  rows.push_back({"GPU per launch from a graph of " + std::to_string(kGraphOps), graphNs(false)});
+  rows.push_back(
+      {"GPU per launch from a graph, each then an external event record", graphNs(true)});
 
   printf("# tutti-call-costs: GPU 0 (%s), %d calls a round, median of %d rounds\n", prop.name,
          calls, kRounds);
