@@ -87,8 +87,8 @@ class DeviceEngine {
   void releaseFollowers();
   Status launchAll();  // launch() under mu_
   // Launches plan_.launches[i] on target_; its kernel gets the bytes of its dev::DevArgs it
-  // uses (the driver's cuLaunchKernel), or all of them (TUTTI_LAUNCH_FULL_PARAMS=1, or where
-  // the driver's launch failed once and the runtime's then did not).
+  // uses (the driver's cuLaunchKernel), or all of them (TUTTI_LAUNCH_FULL_PARAMS=1, or once
+  // the driver refused a launch that cudaLaunchKernel then made).
   Status launchOne(size_t i);
   Status connect(const devplan::Config& cfg, const CollArgs* ops, size_t n);
   void clearPlan() {  // keeping the vectors' room: a plan is made at every operation
