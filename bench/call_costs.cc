@@ -3,7 +3,8 @@
 // targets of issue 5, which are made of little else). Rows:
 //   - the queries tutti makes at every call (which memory a buffer is, which GPU a stream is on,
 //     whether it captures) and the event record of a launch;
-//   - an 8-byte device-to-device cudaMemcpyAsync (a one-rank all-reduce out of place);
+//   - an 8-byte device-to-device cudaMemcpyAsync (a one-rank all-reduce out of place), and
+//     tutti's whole ncclAllReduce call of one rank, out of place and in place;
 //   - a launch of tutti's own kernel with no operations (it returns at once), its parameter
 //     passed whole (cudaLaunchKernel, 5.5 KB) or as the bytes a launch uses (cuLaunchKernel with
 //     a parameter buffer: 392 bytes for one collective on one channel, 48 for the header); from
@@ -30,6 +31,7 @@
 
 #include "kernels/cuda/dev_work.h"
 #include "kernels/cuda/kernel_table.h"
+#include "nccl.h"
 #include "runtime/cuda_shim.h"
 
 namespace {
@@ -203,6 +205,23 @@ int main(int argc, char** argv) {
   };
   fourThreads("4 threads at once, cudaLaunchKernel whole", true);
   fourThreads("4 threads at once, cuLaunchKernel " + std::to_string(oneOp) + " B", false);
+
+  // tutti's own 1-rank all-reduce of 8 bytes, the whole call (issue 5's third target: no slower
+  // than NCCL's, which tutti-perf measures by the same calls with NVIDIA's library preloaded):
+  // its queries and the copy (out of place), the queries alone (in place).
+  ncclComm_t comm;
+  int dev0 = 0;
+  check(ncclCommInitAll(&comm, 1, &dev0) == ncclSuccess ? cudaSuccess : cudaErrorUnknown,
+        "ncclCommInitAll");
+  auto oneRank = [&](void* out) {
+    return [&, out] {
+      if (ncclAllReduce(a, out, 2, ncclFloat, ncclSum, comm, s) != ncclSuccess)
+        check(cudaErrorUnknown, "ncclAllReduce");
+    };
+  };
+  host("ncclAllReduce, 1 rank, 8 B out of place (tutti, the call)", oneRank(b), true);
+  host("ncclAllReduce, 1 rank, 8 B in place (tutti, the call)", oneRank(a), true);
+  ncclCommDestroy(comm);
 
   rows.push_back({"GPU per launch back to back, whole parameter", deviceNs(calls, whole, sync)});
   rows.push_back({"GPU per launch back to back, " + std::to_string(oneOp) + " B",
