@@ -288,6 +288,27 @@ cudaError_t checkLaunch(const StreamPtr& s, int device, const void* func, unsign
   return cudaSuccess;
 }
 
+// A kernel's handle in one device's context (cudaGetFuncBySymbol), as a CUfunction: made once
+// per (device, kernel), never freed. The driver's launch takes it only in that context.
+struct Function {
+  int device;
+  const void* symbol;
+};
+std::mutex& functionsMu() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+std::map<std::pair<int, const void*>, Function*>& functions() {
+  static auto* m = new std::map<std::pair<int, const void*>, Function*>;
+  return *m;
+}
+const Function* findFunction(const void* handle) {
+  std::lock_guard<std::mutex> lock(functionsMu());
+  for (const auto& [key, fn] : functions())
+    if (fn == handle) return fn;
+  return nullptr;
+}
+
 bool isCollKernel(const void* func) {
   static const std::set<const void*> known = [] {
     std::set<const void*> k;
@@ -415,7 +436,11 @@ cudaError_t cudaGetFuncBySymbol(cudaFunction_t* f, const void* symbol) {
   if (!f || !symbol) return fail(cudaErrorInvalidValue);
   if (!isCollKernel(symbol) && symbol != tutti::dev::p2pManyKernel())
     return fail(cudaErrorInvalidDeviceFunction);
-  *f = reinterpret_cast<cudaFunction_t>(const_cast<void*>(symbol));
+  const int device = currentDevice();  // the function of this context
+  std::lock_guard<std::mutex> lock(functionsMu());
+  Function*& fn = functions()[{device, symbol}];
+  if (!fn) fn = new Function{device, symbol};
+  *f = reinterpret_cast<cudaFunction_t>(fn);
   return cudaSuccess;
 }
 
@@ -434,10 +459,11 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
 
 // The driver's launch, as cudaGetDriverEntryPointByVersion hands it out (not exported): kernel
 // parameters in one buffer of a given size (CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE) only, the
-// collective kernels only. A buffer larger than the parameter is refused, as CUDA refuses it;
-// with TUTTI_EMU_PARAMS_EXACT=1 a smaller one too (a driver that wants every byte). Like the
-// driver, it needs the device's context current on the calling thread: one a runtime call of
-// this thread made current (cudaSetDevice, or a call that works on the device).
+// collective kernels only, each by its function in the context current here. A buffer larger than
+// the parameter is refused, as CUDA refuses it; with TUTTI_EMU_PARAMS_EXACT=1 a smaller one too (a
+// driver that wants every byte). Like the driver, it needs the device's context current on the
+// calling thread: one a runtime call of this thread made current (cudaSetDevice, or a call that
+// works on the device).
 extern "C" CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
                                            unsigned int gz, unsigned int bx, unsigned int by,
                                            unsigned int bz, unsigned int, CUstream h, void** params,
@@ -450,9 +476,11 @@ extern "C" CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsign
     if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = static_cast<size_t*>(extra[i + 1]);
   }
   if (params || !buffer || !size || by != 1 || bz != 1) return CUDA_ERROR_INVALID_VALUE;
-  const void* func = reinterpret_cast<const void*>(f);
-  if (!isCollKernel(func)) return CUDA_ERROR_INVALID_HANDLE;
+  const Function* fn = findFunction(f);
+  if (!fn || !isCollKernel(fn->symbol)) return CUDA_ERROR_INVALID_HANDLE;
   if (boundDevice() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (fn->device != boundDevice()) return CUDA_ERROR_INVALID_HANDLE;  // another context's
+  const void* func = fn->symbol;
   const bool exact = envInt("TUTTI_EMU_PARAMS_EXACT", 0, 0, 1) != 0;
   if (*size > sizeof(tutti::dev::DevArgs) || *size < sizeof(tutti::dev::DevHeader) ||
       (exact && *size != sizeof(tutti::dev::DevArgs)))

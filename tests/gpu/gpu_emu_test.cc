@@ -10,6 +10,8 @@
 
 #include "gpu/gpu_support.h"
 #include "harness/harness.h"
+#include "runtime/comm.h"
+#include "runtime/device_engine.h"
 
 extern "C" int cudaemuContextMade(int d);  // tests/cudaemu
 
@@ -117,6 +119,60 @@ TEST(GpuEmu, RanksOnGpu1MakeNoContextOnGpu0) {
   bool passed = false;
   const std::string out = runChild("TUTTI_EMU_GPUS=2", "TwoCommunicatorsOnGpu1InOneGroup", &passed);
   EXPECT_TRUE(passed) << out;
+}
+
+// Run by the test below in a child with two GPUs: four ranks, rank r on GPU r % 2, made and
+// called by this thread, sum in place in one group twice, each on a stream of its GPU.
+TEST(GpuEmuChild, DISABLED_FourRanksOnTwoGpusAllReduce) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 4;
+  std::vector<ncclComm_t> comms(n);
+  std::vector<int> devs = {0, 1, 0, 1};
+  ASSERT_EQ(ncclCommInitAll(comms.data(), n, devs.data()), ncclSuccess);
+  std::vector<float*> bufs(n);
+  std::vector<cudaStream_t> streams(n);
+  for (size_t r = 0; r < n; ++r) {
+    ASSERT_EQ(cudaSetDevice(devs[r]), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&bufs[r], 2 * sizeof(float)), cudaSuccess);
+    const float v[2] = {float(r + 1), float(r + 1)};
+    ASSERT_EQ(cudaMemcpy(bufs[r], v, sizeof(v), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // (the copy may return before it lands)
+    ASSERT_EQ(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking), cudaSuccess);
+  }
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (size_t r = 0; r < n; ++r)
+      EXPECT_EQ(ncclAllReduce(bufs[r], bufs[r], 2, ncclFloat, ncclSum, comms[r], streams[r]),
+                ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  }
+  for (size_t r = 0; r < n; ++r) {
+    ASSERT_EQ(cudaSetDevice(devs[r]), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
+    float v[2] = {0, 0};
+    ASSERT_EQ(cudaMemcpy(v, bufs[r], sizeof(v), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(v[0], 40.0f) << "rank " << r;  // 1 + 2 + 3 + 4, then four times that
+    EXPECT_EQ(v[1], 40.0f) << "rank " << r;
+    EXPECT_FALSE(reinterpret_cast<tutti::Comm*>(comms[r])->deviceEngine().launchesWholeParams())
+        << "rank " << r << " fell back to whole parameters";
+  }
+  for (size_t r = 0; r < n; ++r) {
+    EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
+    cudaStreamDestroy(streams[r]);
+    cudaFree(bufs[r]);
+  }
+}
+
+// Ranks on two GPUs of one process: each engine launches with its own GPU's function (a
+// CUfunction belongs to one context; the emulated driver refuses another's), so none falls back
+// to passing whole parameters.
+TEST(GpuEmu, RanksOnTwoGpusLaunchWithTheirOwnGpusFunctions) {
+  SKIP_WITHOUT_GPU();
+  bool passed = false;
+  const std::string out =
+      runChild("TUTTI_EMU_GPUS=2 NCCL_DEBUG=WARN", "FourRanksOnTwoGpusAllReduce", &passed);
+  EXPECT_TRUE(passed) << out;
+  EXPECT_EQ(out.find("pass them all from now on"), std::string::npos) << out;
 }
 
 // Run by the test below in a child whose launches after its first fail: ranks 0 and 1 on GPU 0,
