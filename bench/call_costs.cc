@@ -99,11 +99,13 @@ struct Launcher {
       exit(1);
     }
     check(cudaGetFuncBySymbol(&function, kernel), "cudaGetFuncBySymbol");
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    check(cudaGetDriverEntryPointByVersion("cuLaunchKernel", &fn, 4000, cudaEnableDefault, &q),
-          "cudaGetDriverEntryPointByVersion");
-    driver = reinterpret_cast<PFN_cuLaunchKernel_v4000>(fn);
+    // The library's own lookup (cudaGetDriverEntryPoint before CUDA 12.5).
+    driver =
+        reinterpret_cast<PFN_cuLaunchKernel_v4000>(tutti::cuda::driverFunction("cuLaunchKernel"));
+    if (!driver) {
+      fprintf(stderr, "tutti-call-costs: the driver has no cuLaunchKernel entry point\n");
+      exit(1);
+    }
     args->nops = 0;  // the kernel returns at once
   }
   void whole(cudaStream_t s) const {

@@ -396,20 +396,14 @@ Status DeviceEngine::launchOne(size_t i) {
         " blocks of " + std::to_string(l.threads) + " threads: " + call;
     return cudaCheck(what.c_str(), err);
   };
-  if (!l.more.empty()) {
-    // Sends and receives past dev::kMaxOps: their kernel's parameter (copied at the launch).
-    std::unique_ptr<dev::DevP2pWork> many = devplan::p2pWork(l);
-    void* args[] = {many.get()};
-    const int err = cudaLaunchKernel(kernels_[i], grid, block, args, 0, target);
+  // The runtime's launch: the whole parameter at `param`, copied at the launch.
+  auto runtimeLaunch = [&](void* param) {
+    void* args[] = {param};
+    return int(cudaLaunchKernel(kernels_[i], grid, block, args, 0, target));
+  };
+  if (!l.more.empty()) {  // sends and receives past dev::kMaxOps: their kernel's parameter
+    const int err = runtimeLaunch(devplan::p2pWork(l).get());
     return err == cudaSuccess ? Status::Ok() : failed("cudaLaunchKernel", err);
-  }
-  for (int j = 0; j < l.work.nops; ++j) {  // the kernel reads channels 0 .. op.nch - 1 of each
-    const dev::DevOp& op = l.work.ops[j];
-    const bool p2p = op.kind == dev::kSend || op.kind == dev::kRecv;
-    if (!p2p && l.work.nranks > 1 && op.nch > l.work.nch) {
-      return internalError("device plan: an operation on " + std::to_string(op.nch) +
-                           " channels in a launch that holds " + std::to_string(l.work.nch));
-    }
   }
   size_t bytes = dev::packArgs(l.work, args_.get());
   auto f = functions_.find(kernels_[i]);
@@ -428,8 +422,7 @@ Status DeviceEngine::launchOne(size_t i) {
                          r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_NOT_SUPPORTED;
     const std::string driverCall = "cuLaunchKernel (CUresult " + std::to_string(int(r)) + ")";
     if (!refused) return failed(driverCall.c_str(), int(r));  // the codes are the runtime's too
-    void* args[] = {args_.get()};
-    const int err = cudaLaunchKernel(kernels_[i], grid, block, args, 0, target);
+    const int err = runtimeLaunch(args_.get());
     if (err != cudaSuccess) {
       return failed(("cudaLaunchKernel, after " + driverCall + " refused the parameter's " +
                      std::to_string(bytes) + " bytes")
@@ -449,8 +442,7 @@ Status DeviceEngine::launchOne(size_t i) {
     }
     return Status::Ok();
   }
-  void* args[] = {args_.get()};
-  const int err = cudaLaunchKernel(kernels_[i], grid, block, args, 0, target);
+  const int err = runtimeLaunch(args_.get());
   return err == cudaSuccess ? Status::Ok() : failed("cudaLaunchKernel", err);
 }
 

@@ -48,7 +48,9 @@ void fillChannels(const Config& cfg, const LinkFn& link, dev::DevWork* w, int nc
   const int n = cfg.nranks, r = cfg.rank;
   w->rank = r;
   w->nranks = n;
-  w->nch = n > 1 ? nch : 0;  // what a launch passes of w.ch (dev::DevArgs)
+  // What a launch passes of w.ch (dev::DevArgs): nch is the launch's blocks, the most
+  // channels any of its collectives uses, so every channel a kernel reads is passed.
+  w->nch = n > 1 ? nch : 0;
   for (int c = 0; c < nch && n > 1; ++c) {
     w->ch[c].send = devConn(link((r + 1) % n, c, true));
     w->ch[c].recv = devConn(link((r + n - 1) % n, c, false));
@@ -203,6 +205,10 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     d.seq = nextSeq();
     const int dtype = bytes ? 1 /* ncclUint8 */ : op.dtype;
     const int fn = bytes ? int(dev::kFnSum) : op.red.fn;
+    // A step holds at most a slot (chunk units) of the channel's share (per units).
+    const int threads = sh.proto == dev::kLL && cfg.llFitThreads
+                            ? llThreadsFor(size_t(std::min<uint64_t>(d.chunk, d.per)) * unit)
+                            : dev::kThreads;
     std::vector<Launch>& ls = out->launches;
     if (ls.empty() || ls.back().dtype != dtype || ls.back().fn != fn ||
         ls.back().proto != sh.proto || ls.back().work.nops == dev::kMaxOps) {
@@ -210,14 +216,10 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
       fresh.dtype = dtype;
       fresh.fn = fn;
       fresh.proto = sh.proto;
-      if (sh.proto == dev::kLL && cfg.llFitThreads) fresh.threads = 0;  // raised below
+      fresh.threads = threads;
     }
     Launch& l = ls.back();
-    if (sh.proto == dev::kLL && cfg.llFitThreads) {
-      // A step holds at most a slot (chunk units) of the channel's share (per units).
-      const size_t stepBytes = size_t(std::min<uint64_t>(d.chunk, d.per)) * unit;
-      l.threads = std::max(l.threads, llThreadsFor(stepBytes));
-    }
+    l.threads = std::max(l.threads, threads);  // (one protocol a launch)
     l.work.ops[l.work.nops++] = d;
     l.blocks = std::max(l.blocks, sh.nch);
   }
