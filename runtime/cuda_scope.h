@@ -4,6 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "runtime/cuda_shim.h"
+
 namespace tutti {
 
 // Lets this thread make set-up calls while one of its streams is being captured.
@@ -18,6 +20,10 @@ class CaptureModeRelaxed {
 
 // Makes the communicator's device current and gives the caller back its own afterwards.
 // (Four per operation: a call to restore what did not change is one CUDA call less each.)
+// Not a device whose context this process never made, though: a thread that never chose a
+// GPU has device 0 current, and going back to it would make GPU 0's context (cudaSetDevice
+// does, since CUDA 12) in every process whose watchdog thread aborts a communicator on
+// another GPU. Such a thread keeps the communicator's device.
 // A failed call of ours (an event not ready yet, say) leaves CUDA's last error set, which the
 // application would take for its own: cleared at the end -- unless the application's own
 // error was pending when we began, which stays for it to see (an error either way).
@@ -26,16 +32,20 @@ class DeviceGuard {
   explicit DeviceGuard(int device) {
     callersError_ = cudaPeekAtLastError() != cudaSuccess;
     if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
-    if (saved_ != device) changed_ = cudaSetDevice(device) == cudaSuccess;
+    if (saved_ != device) {
+      restore_ = cuda::contextMade(saved_);
+      changed_ = cudaSetDevice(device) == cudaSuccess;
+    }
   }
   ~DeviceGuard() {
-    if (changed_ && saved_ >= 0) cudaSetDevice(saved_);
+    if (changed_ && restore_) cudaSetDevice(saved_);
     if (!callersError_) cudaGetLastError();
   }
 
  private:
   int saved_ = -1;
   bool changed_ = false;
+  bool restore_ = false;  // saved_ is a device this process has a context on
   bool callersError_ = false;
 };
 

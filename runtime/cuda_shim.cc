@@ -1,11 +1,13 @@
 #include "runtime/cuda_shim.h"
 
 #ifdef TUTTI_HAVE_CUDA
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "runtime/cuda_scope.h"
 #endif
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -208,6 +210,26 @@ void* driverFunction(const char* symbol) {
   return fn;
 }
 
+bool contextMade(int device) {
+  if (device < 0) return false;
+  // Once made, a primary context stays (until the application resets the device): remembered.
+  static std::atomic<uint64_t> made{0};
+  const uint64_t bit = device < 64 ? 1ull << device : 0;
+  if (made.load(std::memory_order_relaxed) & bit) return true;
+  using GetFn = CUresult (*)(CUdevice*, int);
+  using StateFn = CUresult (*)(CUdevice, unsigned int*, int*);
+  static auto* get = reinterpret_cast<GetFn>(driverFunction("cuDeviceGet"));
+  static auto* state = reinterpret_cast<StateFn>(driverFunction("cuDevicePrimaryCtxGetState"));
+  CUdevice dev = 0;
+  unsigned int flags = 0;
+  int active = 1;
+  if (!get || !state || get(&dev, device) != CUDA_SUCCESS ||
+      state(dev, &flags, &active) != CUDA_SUCCESS)
+    return true;  // as if it were: the caller goes back to it as before
+  if (active) made.fetch_or(bit, std::memory_order_relaxed);
+  return active != 0;
+}
+
 #else  // !TUTTI_HAVE_CUDA
 
 int deviceCount() { return 0; }
@@ -242,6 +264,7 @@ Status captureIdOn(void*, int, unsigned long long* id) {
   return Status::Ok();
 }
 void* driverFunction(const char*) { return nullptr; }
+bool contextMade(int) { return false; }
 
 #endif
 

@@ -53,6 +53,9 @@ Status copyAsync(void* dst, const void* src, size_t bytes, void* stream, int dev
 // Reads bytes (at most 8) of GPU memory in stream order on stream, through page-locked memory
 // (a copy to pageable memory may wait for the whole GPU), and waits for it.
 Status readInStreamOrder(void* dst, const void* src, size_t bytes, void* stream, int device);
+// Whether device's primary context exists in this process (made by cudaSetDevice, or by a
+// runtime call that works on the device). False for -1; true where the driver cannot say.
+bool contextMade(int device);
 // The driver's entry point `symbol` (the ABI of CUDA 4.0 on: "cuLaunchKernel" takes a
 // CUfunction and a parameter buffer), or null where the driver or the runtime has none.
 void* driverFunction(const char* symbol);

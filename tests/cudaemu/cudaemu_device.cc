@@ -44,7 +44,9 @@ bool needsNoContext(const char* name) {
                                              "cudaPeekAtLastError",
                                              "cudaThreadExchangeStreamCaptureMode",
                                              "cudaGetDriverEntryPointByVersion",
-                                             "cuLaunchKernel"};
+                                             "cuLaunchKernel",
+                                             "cuDeviceGet",
+                                             "cuDevicePrimaryCtxGetState"};
   return none.count(name) != 0;
 }
 

@@ -449,8 +449,14 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
                                              cudaDriverEntryPointQueryResult* status) {
   CUDAEMU_CALL;
   if (!symbol || !fn) return fail(cudaErrorInvalidValue);
-  const bool found = strcmp(symbol, "cuLaunchKernel") == 0;  // the one driver call emulated
-  *fn = found ? reinterpret_cast<void*>(&cuLaunchKernel) : nullptr;
+  // The driver calls emulated.
+  void* f = nullptr;
+  if (strcmp(symbol, "cuLaunchKernel") == 0) f = reinterpret_cast<void*>(&cuLaunchKernel);
+  if (strcmp(symbol, "cuDeviceGet") == 0) f = reinterpret_cast<void*>(&cuDeviceGet);
+  if (strcmp(symbol, "cuDevicePrimaryCtxGetState") == 0)
+    f = reinterpret_cast<void*>(&cuDevicePrimaryCtxGetState);
+  const bool found = f != nullptr;
+  *fn = f;
   if (status) *status = found ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   return found ? cudaSuccess : fail(cudaErrorSymbolNotFound);
 }
@@ -489,6 +495,26 @@ extern "C" CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsign
   if (cudaError_t e = checkLaunch(s, boundDevice(), func, gx, gy, gz, bx); e != cudaSuccess)
     return CUresult(e);  // the codes these checks give are the same in both APIs
   return CUresult(launchOn<tutti::dev::DevArgs>(s, func, gx, bx, buffer, *size));
+}
+
+// The driver's device handle: its ordinal here. Neither call makes a context.
+extern "C" CUresult CUDAAPI cuDeviceGet(CUdevice* dev, int ordinal) {
+  const ApiCall call("cuDeviceGet");
+  if (!dev) return CUDA_ERROR_INVALID_VALUE;
+  if (ordinal < 0 || ordinal >= deviceCount()) return CUDA_ERROR_INVALID_DEVICE;
+  *dev = ordinal;
+  return CUDA_SUCCESS;
+}
+
+// Whether the device's primary context was made (cudaemuContextMade); no flags are set.
+extern "C" CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags,
+                                                       int* active) {
+  const ApiCall call("cuDevicePrimaryCtxGetState");
+  if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= deviceCount()) return CUDA_ERROR_INVALID_DEVICE;
+  *flags = 0;
+  *active = device(dev).context.load() ? 1 : 0;
+  return CUDA_SUCCESS;
 }
 
 extern "C" {

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu/gpu_support.h"
@@ -118,6 +119,57 @@ TEST(GpuEmu, RanksOnGpu1MakeNoContextOnGpu0) {
   SKIP_WITHOUT_GPU();
   bool passed = false;
   const std::string out = runChild("TUTTI_EMU_GPUS=2", "TwoCommunicatorsOnGpu1InOneGroup", &passed);
+  EXPECT_TRUE(passed) << out;
+}
+
+// Run by the test below in a child with two GPUs: two ranks on GPU 1 made by a thread that
+// chose GPU 1, then, from threads of the application's: a thread that never chose a GPU reads
+// an error state and aborts one, a thread that works on GPU 0 destroys the other.
+TEST(GpuEmuChild, DISABLED_AppThreadsEndCommunicatorsOnGpu1) {
+  SKIP_WITHOUT_GPU();
+  std::vector<ncclComm_t> comms(2);
+  std::vector<int> devs(2, 1);
+  std::thread([&] {
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    ASSERT_EQ(ncclCommInitAll(comms.data(), 2, devs.data()), ncclSuccess);
+    RankBuffers b(2, 64);
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    for (int r = 0; r < 2; ++r) b.fill(r, 1.0f, s);
+    ASSERT_EQ(allReduceInOneGroup(comms, b, {s}), ncclSuccess);
+    RankFailures failures;
+    for (int r = 0; r < 2; ++r) expectResults(failures, r, comms[size_t(r)], s, {{&b, 2.0f}});
+    failures.report();
+    cudaStreamDestroy(s);
+  }).join();
+  ASSERT_EQ(cudaemuContextMade(0), 0);
+  // A watchdog's thread, say: its device is 0 without a context there, and stays so.
+  std::thread([&] {
+    ncclResult_t async = ncclInternalError;
+    EXPECT_EQ(ncclCommGetAsyncError(comms[0], &async), ncclSuccess);
+    EXPECT_EQ(async, ncclSuccess);
+    EXPECT_EQ(ncclCommAbort(comms[0]), ncclSuccess);
+  }).join();
+  EXPECT_EQ(cudaemuContextMade(0), 0) << "a thread that never chose a GPU got GPU 0's context";
+  // A thread that works on GPU 0 gets GPU 0 back.
+  std::thread([&] {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    EXPECT_EQ(ncclCommDestroy(comms[1]), ncclSuccess);
+    int d = -1;
+    EXPECT_EQ(cudaGetDevice(&d), cudaSuccess);
+    EXPECT_EQ(d, 0);
+  }).join();
+}
+
+// tutti works on a communicator's GPU from whatever thread calls it, and gives the thread its
+// own device back -- except a device it never used (device 0 by default, without a context):
+// going back to it would make that context (cudaSetDevice does, since CUDA 12), and GPU 0
+// would hold a context of every process whose watchdog thread aborts or destroys, as
+// torchrun's processes on GPUs 1-7 would.
+TEST(GpuEmu, AppThreadsThatNeverChoseAGpuGetNoContextOnGpu0) {
+  SKIP_WITHOUT_GPU();
+  bool passed = false;
+  const std::string out = runChild("TUTTI_EMU_GPUS=2", "AppThreadsEndCommunicatorsOnGpu1", &passed);
   EXPECT_TRUE(passed) << out;
 }
 
