@@ -11,6 +11,7 @@
 
 #include "gpu/gpu_support.h"
 #include "harness/harness.h"
+#include "runtime/cuda_shim.h"
 
 using namespace tutti::test;
 
@@ -125,6 +126,27 @@ TEST(GpuTeardown, ADestroyWhileItsOwnCommunicatorsSiblingIsLateFreesItsMemory) {
       &passed);
   EXPECT_TRUE(passed) << out;
   EXPECT_EQ(out.find("stay allocated until the process exits"), std::string::npos) << out;
+}
+
+// Run by the test below in a child, a process that has not used a GPU yet.
+TEST(GpuTeardownChild, DISABLED_Gpu0sContextIsMadeByChoosingIt) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_FALSE(tutti::cuda::contextMade(0)) << "a context on GPU 0 before the process used it";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);  // CUDA 12 makes the device's context here
+  EXPECT_TRUE(tutti::cuda::contextMade(0)) << "no context on GPU 0 after cudaSetDevice(0)";
+}
+
+// A destroy or an abort gives the calling thread its device back only where the process has a
+// context there (runtime/cuda_scope.h: a thread that never chose a GPU has device 0, and going
+// back to it would make GPU 0's context). Whether a context exists is the driver's answer
+// (cuDevicePrimaryCtxGetState): here, that it tells a device the process never used (on one
+// GPU, what the guard needs cannot be run whole: that takes a communicator on GPU 1).
+TEST(GpuTeardown, TheDriverTellsWhetherAProcessHasAContextOnAGpu) {
+  SKIP_WITHOUT_GPU();
+  bool passed = false;
+  const std::string out =
+      runChildTest("", "GpuTeardownChild.DISABLED_Gpu0sContextIsMadeByChoosingIt", &passed);
+  EXPECT_TRUE(passed) << out;
 }
 
 // A CUDA error the application has not read yet (a failed cudaMalloc of its own) is still
