@@ -1,5 +1,7 @@
 // The CUDA engine: operations on GPU buffers run as device kernels (kernels/cuda) over FIFOs
-// of the p2p transport, enqueued on the caller's stream and returning at once.
+// of the p2p transport, enqueued on the caller's stream and returning at once. Set-up and
+// planning: device_engine.cc; launches: device_launch.cc; teardown, abort and the kernels'
+// errors: device_teardown.cc.
 //
 // A group that names one stream launches its kernels on that stream directly: nothing but
 // the launches (and an event for the destructor to wait on) is added to it. Otherwise the
@@ -122,6 +124,8 @@ class DeviceEngine {
   // threads sharing this GPU, not this communicator's) has a launch on this GPU that has not
   // ended 2 s later: a cudaFree would wait for it.
   bool othersBusyOnGpu(bool siblingsOnly) const;
+  // Joins the process's list of engines othersBusyOnGpu looks through (the destructor leaves).
+  void listEngine();
 
   Comm& comm_;
   std::unique_ptr<Links> links_;
