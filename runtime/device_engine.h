@@ -126,6 +126,8 @@ class DeviceEngine {
   bool othersBusyOnGpu(bool siblingsOnly) const;
   // Joins the process's list of engines othersBusyOnGpu looks through (the destructor leaves).
   void listEngine();
+  // What a timeout adds where ranks of this communicator share this GPU as threads: "" if none.
+  std::string heldThreads() const;
 
   Comm& comm_;
   std::unique_ptr<Links> links_;

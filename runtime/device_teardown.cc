@@ -249,6 +249,26 @@ void DeviceEngine::watchPeers() {
   });
 }
 
+// For a timeout where ranks of this communicator are threads of this process on this GPU: the
+// one way they deadlock that no rank's calls show (README, "Ranks of one process on one GPU").
+std::string DeviceEngine::heldThreads() const {
+  if (siblings_ == 0) return "";
+  std::vector<int> ranks;
+  for (size_t r = 0; r < isSibling_.size(); ++r)
+    if (isSibling_[r] || int(r) == comm_.rank()) ranks.push_back(int(r));
+  std::string list;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) list += i + 1 == ranks.size() ? " and " : ", ";
+    list += std::to_string(ranks[i]);
+  }
+  return " Ranks " + list + " are threads of this process on GPU " +
+         std::to_string(comm_.cudaDev()) +
+         ": a rank whose thread is held in a CUDA call that waits for the GPU -- cudaMemcpy "
+         "to or from pageable memory, cudaMalloc, cudaFree, a device synchronize, the first "
+         "launch of a kernel CUDA had not loaded yet (lazy loading: CUDA_MODULE_LOADING=EAGER "
+         "loads them at start) -- waits for these kernels, which wait for its next call.";
+}
+
 Status DeviceEngine::kernelError() const {
   const volatile dev::DevError* e = errHost_.load(std::memory_order_acquire);
   if (!e) return Status::Ok();
@@ -267,13 +287,14 @@ Status DeviceEngine::kernelError() const {
       const std::string waited = where + " waited more than " + std::to_string(int64_t(timeoutS_)) +
                                  " s for rank " + std::to_string(e->peer) + " (TUTTI_TIMEOUT): ";
       if (e->kind != dev::kSend && e->kind != dev::kRecv) {
-        return timeoutError(waited + "did every rank call the same collectives?");
+        return timeoutError(waited + "did every rank call the same collectives?" + heldThreads());
       }
       return timeoutError(
           waited + "did it post the matching " + (e->kind == dev::kSend ? "receive" : "send") +
           ", in a group that matches this one? (A group's sends and receives may share blocks, "
           "past what the GPU holds at once for the ranks sharing it, and then run in an order "
-          "that needs each peer's matching operations in the group it runs at the same time.)");
+          "that needs each peer's matching operations in the group it runs at the same time.)" +
+          heldThreads());
     }
     case dev::kErrSize: {
       auto slot = [](uint64_t w) {

@@ -528,7 +528,8 @@ TEST(GpuAbort, AnIdleCommunicatorsAbortDoesNotWaitForAnothersStuckKernel) {
 }
 
 // With a short TUTTI_TIMEOUT the lonely kernel gives up by itself, and the error names the
-// rank, the operation and the peer it waited for; the next call on that comm is refused.
+// rank, the operation and the peer it waited for, and, the ranks being threads sharing the GPU,
+// what holds such a rank's thread; the next call on that comm is refused.
 TEST(GpuTimeout, AKernelThatWaitsTooLongReportsRankOperationAndPeer) {
   SKIP_WITHOUT_GPU();
   ScopedEnv timeout("TUTTI_TIMEOUT", "2");
@@ -543,6 +544,10 @@ TEST(GpuTimeout, AKernelThatWaitsTooLongReportsRankOperationAndPeer) {
   EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
   EXPECT_NE(msg.find("AllReduce"), std::string::npos) << msg;
   EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+  // Both ranks are threads of this process on GPU 0: the message says how such ranks deadlock.
+  EXPECT_NE(msg.find("Ranks 0 and 1 are threads of this process on GPU 0"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("CUDA_MODULE_LOADING=EAGER"), std::string::npos) << msg;
   EXPECT_NE(ncclAllReduce(t.b.bufs[0], t.b.bufs[0], t.b.count, ncclFloat, ncclSum, t.comms[0],
                           t.streams[0]),
             ncclSuccess);
