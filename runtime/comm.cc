@@ -216,6 +216,12 @@ Status Comm::init(const wire::UniqueId& id) {
   logLayout();
   links_ = std::make_unique<Links>(*this);
   engine_ = std::make_unique<Engine>(*this);
+  // Ranks sharing a GPU as threads: the GPU links now, every rank inside its creation, not at
+  // the first collective (DeviceEngine::connectAtCreation says why).
+  if (DeviceEngine::connectsAtCreation(*this)) {
+    TUTTI_TRY(deviceEngine().connectAtCreation().withContext(
+        "rank " + std::to_string(rank()) + ": making the GPU links of ranks that share a GPU"));
+  }
   TUTTI_INFO(log::kInit, "comm %p rank %d nranks %d cudaDev %d - Init COMPLETE",
              static_cast<void*>(this), rank(), nranks(), cudaDev_);
   return Status::Ok();

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "nccl.h"
 #include "runtime/bootstrap.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_shim.h"
@@ -310,15 +311,9 @@ Status DeviceEngine::connect(const devplan::Config& cfg, const CollArgs* ops, si
   return Status::Ok();
 }
 
-Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
-  const int r = comm_.rank();
-  for (size_t i = 0; i < nops; ++i) {
-    const CollArgs& op = ops[i];
-    void* s = op.stream == cudaStreamLegacy ? nullptr : op.stream;  // one stream, one handle
-    if (std::find(streams_.begin(), streams_.end(), s) == streams_.end()) streams_.push_back(s);
-  }
+devplan::Config DeviceEngine::planConfig() const {
   devplan::Config cfg;
-  cfg.rank = r;
+  cfg.rank = comm_.rank();
   cfg.nranks = comm_.nranks();
   cfg.maxChannels = maxChannels_;
   cfg.llMaxBytes = llMaxBytes_;
@@ -328,6 +323,56 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
   cfg.channelBytes = channelBytes_;
   cfg.proto = proto_;
   cfg.connectAllChannels = true;
+  return cfg;
+}
+
+bool DeviceEngine::connectsAtCreation(const Comm& comm) {
+  const std::vector<PeerInfo>& peers = comm.peers();
+  if (peers.size() < 2 || !comm.peersOnLocalGpus()) return false;
+  for (size_t a = 0; a < peers.size(); ++a) {
+    for (size_t b = a + 1; b < peers.size(); ++b) {
+      const PeerInfo &p = peers[a], &q = peers[b];
+      if (p.pid == q.pid && p.pidNs == q.pidNs && sameGpu(p, q)) return true;
+    }
+  }
+  return false;
+}
+
+Status DeviceEngine::connectAtCreation() {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceGuard guard(comm_.cudaDev());
+  CaptureModeRelaxed relaxed;
+  // Ranks whose settings differ refuse GPU operations (prepare): the same on every rank, as
+  // the peer table is; nothing to make then.
+  if (!settingsAgree_.ok()) return Status::Ok();
+  TUTTI_TRY(init());
+  // The links a collective makes first: the ring's, on every channel (connectAllChannels).
+  CollArgs any{CollKind::kAllReduce,
+               "ncclCommInitRank",
+               nullptr,
+               nullptr,
+               1,
+               ncclFloat32,
+               0,
+               RedOpSpec{},
+               0};
+  TUTTI_TRY(connect(planConfig(), &any, 1));
+  // The first collective still waits for every rank, as when it made the links (connect finds
+  // them made and only waits): no rank's kernel runs before all have reached it, so threads
+  // that allocate their own buffers before their first collective (cudaMalloc may wait for
+  // the whole GPU) cannot be caught by a sibling's kernel.
+  ringConnected_ = false;
+  return Status::Ok();
+}
+
+Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
+  const int r = comm_.rank();
+  for (size_t i = 0; i < nops; ++i) {
+    const CollArgs& op = ops[i];
+    void* s = op.stream == cudaStreamLegacy ? nullptr : op.stream;  // one stream, one handle
+    if (std::find(streams_.begin(), streams_.end(), s) == streams_.end()) streams_.push_back(s);
+  }
+  const devplan::Config cfg = planConfig();
   // The context string is built only on failure: this runs for every device operation.
   if (Status st = connect(cfg, ops, nops); !st.ok()) {
     return st.withContext("rank " + std::to_string(r) + ": connecting GPU links");
@@ -391,6 +436,9 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
 }
 
 #else  // !TUTTI_HAVE_CUDA: no GPU buffers can reach here (validation finds none).
+
+bool DeviceEngine::connectsAtCreation(const Comm&) { return false; }
+Status DeviceEngine::connectAtCreation() { return Status::Ok(); }
 
 DeviceEngine::DeviceEngine(Comm& comm)
     : comm_(comm),

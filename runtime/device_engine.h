@@ -68,6 +68,17 @@ class DeviceEngine {
   // Marks every device FIFO broken, so that the peers' kernels stop waiting (abort).
   void breakLinks();
 
+  // Whether the communicator makes its GPU links at its creation (connectAtCreation): where
+  // ranks of one process share a GPU (threads), on any rank, every rank on a GPU of one host.
+  // Every rank decides alike, from the peer table.
+  static bool connectsAtCreation(const Comm& comm);
+  // Makes the engine and the ring's GPU links on every channel, as the first collective would;
+  // collective over the communicator. Called from its creation, every rank inside it, where
+  // connectsAtCreation: making them at the first collective instead allocates device memory
+  // (which may wait for the whole GPU) while another communicator's kernel may wait for this
+  // very thread's next call -- a deadlock of ranks that share a GPU as threads.
+  Status connectAtCreation();
+
   // Channels (blocks) per collective at most.
   int maxChannels() const { return maxChannels_; }
   // Whether launches pass a kernel's whole parameter (TUTTI_LAUNCH_FULL_PARAMS=1, or after the
@@ -93,6 +104,7 @@ class DeviceEngine {
   // the driver refused a launch that cudaLaunchKernel then made).
   Status launchOne(size_t i);
   Status connect(const devplan::Config& cfg, const CollArgs* ops, size_t n);
+  devplan::Config planConfig() const;  // the planner's settings for this rank
   void clearPlan() {  // keeping the vectors' room: a plan is made at every operation
     plan_.launches.clear();
     plan_.copies.clear();

@@ -101,7 +101,7 @@ std::vector<LinkNeed> linkNeeds(const Config& cfg, const CollArgs* ops, size_t n
   for (size_t i = 0; i < nops; ++i) {
     const CollArgs& op = ops[i];
     if (p2p(op.kind)) {
-      if (op.root != r) needs.push_back({op.root, 0, op.kind == CollKind::kSend});
+      if (op.root != r) needs.push_back({op.root, kP2pChannel, op.kind == CollKind::kSend});
     } else if (n > 1) {
       ring = std::max(ring, shapeOf(cfg, op).nch);
     }
@@ -244,7 +244,7 @@ Status plan(const Config& cfg, const CollArgs* ops, size_t nops, const LinkFn& l
     auto it = std::find(pairs.begin(), pairs.end(), key);
     if (it == pairs.end()) it = pairs.insert(pairs.end(), key);
     pairOf.push_back(size_t(it - pairs.begin()));
-    const transport::FifoView* f = link(op.root, 0, op.kind == CollKind::kSend);
+    const transport::FifoView* f = link(op.root, kP2pChannel, op.kind == CollKind::kSend);
     if (!f) return internalError("device plan: no link to rank " + std::to_string(op.root));
     dev::DevOp d;
     d.kind = static_cast<int32_t>(op.kind);

@@ -17,6 +17,13 @@
 
 namespace tutti::devplan {
 
+// The channel number of the links sends and receives use: links of their own, never a ring
+// channel's. A group of sends and receives then makes every link it needs afresh on both of
+// its ends, each end waiting for the other's (DeviceEngine::connect), so no rank launches a
+// kernel of the group while a peer still allocates (allocating may wait for the whole GPU).
+// Were a ring link reused, the rank that has all its links already would launch at once.
+constexpr int kP2pChannel = dev::kMaxChannels;
+
 struct Config {
   int rank = 0;
   int nranks = 1;

@@ -1,8 +1,10 @@
 #include "runtime/lifecycle.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "runtime/bootstrap_root.h"
+#include "runtime/device_engine.h"
 #include "runtime/env.h"
 #include "runtime/group.h"
 #include "runtime/log.h"
@@ -72,13 +74,27 @@ struct SplitPlan {
 
 Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key);
 
-// Every rank of the parent takes part, NOCOLOR ranks included, in the order of the calls.
-Result<SplitPlan> planSplit(Comm* parent, uint64_t ticket, int color, int key,
-                            const std::atomic<bool>* childAbort) {
+// Every rank of the parent takes part, NOCOLOR ranks included, in the order of the calls:
+// the exchange, then `child` (the new communicator's creation; none for NOCOLOR), then, where
+// ranks of the parent share a GPU as threads, a barrier of the parent -- all in the split's
+// turn. Such a child makes its GPU links as it is created (DeviceEngine::connectAtCreation),
+// which may wait for the whole GPU: no rank of the parent may queue a kernel that waits for
+// another (a NOCOLOR rank's next collective on the parent, say) before every child's are made.
+Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
+                const std::atomic<bool>* childAbort,
+                const std::function<Status(const SplitPlan&)>& child) {
   TUTTI_TRY(parent->waitSplitTurn(ticket, childAbort).withContext("split"));
   Result<SplitPlan> plan = exchangeSplit(parent, color, key);
+  Status s = plan.status();
+  if (s.ok() && child) s = child(plan.value());
+  if (plan.ok() && DeviceEngine::connectsAtCreation(*parent)) {
+    // Also after a child's failure (its peers wait here too); its own error comes first.
+    Status b = parent->bootstrap()->barrier().withContext(
+        "split: waiting for the parent's ranks to make their new communicators' GPU links");
+    if (s.ok()) s = b;
+  }
   parent->endSplitTurn();
-  return plan;
+  return s;
 }
 
 Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key) {
@@ -145,13 +161,12 @@ Result<Started> splitComm(Comm* parent, int color, int key, CommConfig config) {
   uint64_t ticket = parent->takeSplitTicket();
   if (color == -1) {  // NCCL_SPLIT_NOCOLOR: take part in the exchange, get no communicator
     if (config.blocking && !group::active()) {
-      TUTTI_ASSIGN(plan, planSplit(parent, ticket, color, key, nullptr));
-      (void)plan;
+      TUTTI_TRY(runSplit(parent, ticket, color, key, nullptr, nullptr));
       return Started{nullptr, false, {}};
     }
     std::shared_future<Status> done =
         std::async(std::launch::async, [parent, ticket, color, key]() -> Status {
-          Status s = planSplit(parent, ticket, color, key, nullptr).status();
+          Status s = runSplit(parent, ticket, color, key, nullptr, nullptr);
           parent->setAsyncError(s);  // nobody else will hear of it
           return s;
         }).share();
@@ -161,9 +176,10 @@ Result<Started> splitComm(Comm* parent, int color, int key, CommConfig config) {
   }
   auto* comm = new Comm(-1, 0, parent->cudaDev(), std::move(config));
   Result<Started> started = launch(comm, [comm, parent, ticket, color, key]() -> Status {
-    TUTTI_ASSIGN(plan, planSplit(parent, ticket, color, key, comm->abortFlag()));
-    comm->setIdentity(plan.rank, plan.nranks);
-    return comm->init(plan.id);
+    return runSplit(parent, ticket, color, key, comm->abortFlag(), [comm](const SplitPlan& plan) {
+      comm->setIdentity(plan.rank, plan.nranks);
+      return comm->init(plan.id);
+    });
   });
   // The parent must outlive the exchange its child runs on it: it waits for it when freed.
   if (started.ok() && started.value().done.valid()) parent->adoptHelper(started.value().done);

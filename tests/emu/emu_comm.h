@@ -57,7 +57,7 @@ struct EmuFifo {
 struct EmuComm {
   int n;
   devplan::Config cfg;
-  std::vector<std::unique_ptr<EmuFifo>> fifos;  // [(from * n + to) * kMaxChannels + channel]
+  std::vector<std::unique_ptr<EmuFifo>> fifos;  // [(from * n + to) * kLinkChannels + channel]
   struct RankState {
     uint32_t abort = 0;
     uint32_t claim = 0;
@@ -76,15 +76,16 @@ struct EmuComm {
     cfg.llMaxBytes = envOr("TUTTI_EMU_LL_MAX_BYTES", 1024);     // LL up to 1 KiB per channel
     cfg.proto = proto;
     cfg.oneRankChunkBytes = 4096;
-    for (int i = 0; i < n * n * dev::kMaxChannels; ++i) {
-      const int c = i % dev::kMaxChannels, to = (i / dev::kMaxChannels) % n,
-                from = i / dev::kMaxChannels / n;
+    // The ring's channels and the links of sends and receives (devplan::kP2pChannel).
+    for (int i = 0; i < n * n * kLinkChannels; ++i) {
+      const int c = i % kLinkChannels, to = (i / kLinkChannels) % n, from = i / kLinkChannels / n;
       fifos.push_back(std::make_unique<EmuFifo>(from, to, c));
     }
     for (int r = 0; r < n; ++r) ranks.push_back(std::make_unique<RankState>());
   }
+  static constexpr int kLinkChannels = devplan::kP2pChannel + 1;
   EmuFifo& fifo(int from, int to, int c) {
-    return *fifos[size_t((from * n + to) * dev::kMaxChannels + c)];
+    return *fifos[size_t((from * n + to) * kLinkChannels + c)];
   }
 
   // Runs one group of operations on rank r to completion; "" or the error.

@@ -225,7 +225,8 @@ TEST(EmuFailures, SendRecvSizeMismatchIsCaught) {
     EXPECT_NE(e1.find("kernel error 3"), std::string::npos)
         << sendCount << " vs " << recvCount << ": " << e1;
     EXPECT_EQ(comm.ranks[1]->err.peer, 0);
-    EXPECT_TRUE(comm.fifo(0, 1, 0).broken()) << "the receiver marks the link broken";
+    EXPECT_TRUE(comm.fifo(0, 1, devplan::kP2pChannel).broken())
+        << "the receiver marks the link broken";
   }
 }
 

@@ -12,8 +12,9 @@
 //                for it: prints "device survivor: ..." and exits 0 when that kernel stopped
 //                with ncclRemoteError naming rank 1's exit, else 1. peerexit-device: a 4 KiB
 //                all-reduce, so rank 0 waits to receive, on its own FIFO; peerexit-device-big:
-//                a 64 MiB ncclSend that rank 1 never receives, more than a FIFO holds, so rank
-//                0 waits for credit from the FIFO in rank 1's memory (over CUDA IPC)
+//                a 64-byte send and receive, then a 64 MiB ncclSend that rank 1 never receives,
+//                more than a FIFO holds, so rank 0 waits for credit from the FIFO in rank 1's
+//                memory (over CUDA IPC)
 //   abortidle-device  2 ranks on GPU buffers: one all-reduce together; then rank 1 starts another,
 //                whose kernel sends into rank 0's FIFO (free slots) and waits, while rank 0
 //                aborts, idle, waits 2 s, and makes a communicator of 2 ranks on its GPU for
@@ -156,8 +157,15 @@ int main(int argc, char** argv) {
     const size_t count = big ? (16u << 20) : 1024;
     cudaStream_t s = nullptr;
     float* d = nullptr;
-    // Small: it makes every channel's ring links, the send link to rank 1 among them.
+    // Small: it makes every channel's ring links. Big: a small send to rank 1 first makes
+    // the link the big one takes (sends and receives have links of their own).
     if (int rc = deviceStart(comm, count, &s, &d)) return rc;
+    if (big) {
+      const ncclResult_t r = rank == 0 ? ncclSend(d, 16, ncclFloat, 1, comm, s)
+                                       : ncclRecv(d, 16, ncclFloat, 0, comm, s);
+      if (r != ncclSuccess || cudaStreamSynchronize(s) != cudaSuccess)
+        return failWith("the first send", comm);
+    }
     if (rank == 1) {
       sleep(1);  // rank 0's next kernel waits for this rank by then
       _exit(0);
