@@ -33,7 +33,11 @@ class DeviceGuard {
     callersError_ = cudaPeekAtLastError() != cudaSuccess;
     if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
     if (saved_ != device) {
+#if CUDART_VERSION >= 12000  // (before CUDA 12, cudaSetDevice made no context: always back)
       restore_ = cuda::contextMade(saved_);
+#else
+      restore_ = saved_ >= 0;
+#endif
       changed_ = cudaSetDevice(device) == cudaSuccess;
     }
   }

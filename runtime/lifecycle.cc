@@ -72,7 +72,9 @@ struct SplitPlan {
   wire::UniqueId id{};
 };
 
-Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key);
+// *exchanged: whether both of the parent's all-gathers completed (then every rank of the
+// parent got as far, whatever the plan says).
+Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key, bool* exchanged);
 
 // Every rank of the parent takes part, NOCOLOR ranks included, in the order of the calls:
 // the exchange, then `child` (the new communicator's creation; none for NOCOLOR), then, where
@@ -80,24 +82,34 @@ Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key);
 // turn. Such a child makes its GPU links as it is created (DeviceEngine::connectAtCreation),
 // which may wait for the whole GPU: no rank of the parent may queue a kernel that waits for
 // another (a NOCOLOR rank's next collective on the parent, say) before every child's are made.
+// (A blocking split only: a non-blocking one returns first, and the application must let every
+// rank's split complete before it queues work that waits for another rank.)
 Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
                 const std::atomic<bool>* childAbort,
                 const std::function<Status(const SplitPlan&)>& child) {
   TUTTI_TRY(parent->waitSplitTurn(ticket, childAbort).withContext("split"));
-  Result<SplitPlan> plan = exchangeSplit(parent, color, key);
+  struct Turn {  // ended however this returns (an exception from the child's creation too)
+    Comm* parent;
+    ~Turn() { parent->endSplitTurn(); }
+  } turn{parent};
+  bool exchanged = false;
+  Result<SplitPlan> plan = exchangeSplit(parent, color, key, &exchanged);
   Status s = plan.status();
   if (s.ok() && child) s = child(plan.value());
-  if (plan.ok() && DeviceEngine::connectsAtCreation(*parent)) {
-    // Also after a child's failure (its peers wait here too); its own error comes first.
+  // Every rank that completed the exchange comes here, a child's failure or not (its peers
+  // wait here too; its own error comes first) -- but a rank whose new communicator is being
+  // aborted: ncclCommAbort must not wait for the other ranks' creations (they then wait here
+  // until their bootstrap deadline, and say so).
+  const bool aborting = childAbort && childAbort->load(std::memory_order_acquire);
+  if (exchanged && !aborting && DeviceEngine::connectsAtCreation(*parent)) {
     Status b = parent->bootstrap()->barrier().withContext(
         "split: waiting for the parent's ranks to make their new communicators' GPU links");
     if (s.ok()) s = b;
   }
-  parent->endSplitTurn();
   return s;
 }
 
-Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key) {
+Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key, bool* exchanged) {
   Bootstrap* b = parent->bootstrap();
   int n = parent->nranks(), me = parent->rank();
   struct Entry {
@@ -132,6 +144,7 @@ Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key) {
     }
   }
   TUTTI_TRY(b->allGather(ids.data(), sizeof(wire::UniqueId)).withContext("split: ids"));
+  *exchanged = true;
   TUTTI_TRY(rootStatus.withContext("split: starting the new communicator's root"));
   if (!members.empty()) {
     plan.id = ids[static_cast<size_t>(members[0])];

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/dev_work.h"
 #include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/log.h"
@@ -121,10 +122,14 @@ Result<transport::Transport*> Links::transportFor(int peer) {
   return net_.get();
 }
 
-// "rank 0 <- rank 3, channel 1 (p2p)": which link a setup failure is about.
+// "rank 0 <- rank 3, channel 1 (p2p)": which link a setup failure is about. GPU sends and
+// receives have links of their own, past the ring's channels (devplan::kP2pChannel).
 std::string Links::linkName(const LinkNeed& n, const transport::Transport* t) const {
+  const std::string which = kind_ == Kind::kDevice && n.channel >= dev::kMaxChannels
+                                ? "sends and receives"
+                                : "channel " + std::to_string(n.channel);
   return "rank " + std::to_string(comm_.rank()) + (n.send ? " -> rank " : " <- rank ") +
-         std::to_string(n.peer) + ", channel " + std::to_string(n.channel) +
+         std::to_string(n.peer) + ", " + which +
          (t ? std::string(" (") + t->name() + ")" : std::string());
 }
 
