@@ -357,6 +357,20 @@ Status DeviceEngine::connectAtCreation() {
                RedOpSpec{},
                0};
   TUTTI_TRY(connect(planConfig(), &any, 1));
+  // The links of sends and receives to every other rank too, where there are few enough of
+  // them: a pair's first send or receive would make them otherwise, while a third rank's
+  // kernel may already wait for one of the pair. Each end waits for the other (connect).
+  const int n = comm_.nranks(), r = comm_.rank();
+  if (n <= kP2pLinksAtCreationMaxRanks) {
+    std::vector<CollArgs> p2p;
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == r) continue;
+      for (CollKind kind : {CollKind::kSend, CollKind::kRecv})
+        p2p.push_back(CollArgs{kind, "ncclCommInitRank", nullptr, nullptr, 0, ncclInt8, -1,
+                               RedOpSpec{}, peer});
+    }
+    TUTTI_TRY(connect(planConfig(), p2p.data(), p2p.size()));
+  }
   // The first collective still waits for every rank, as when it made the links (connect finds
   // them made and only waits): no rank's kernel runs before all have reached it, so threads
   // that allocate their own buffers before their first collective (cudaMalloc may wait for

@@ -72,7 +72,12 @@ class DeviceEngine {
   // ranks of one process share a GPU (threads), on any rank, every rank on a GPU of one host.
   // Every rank decides alike, from the peer table.
   static bool connectsAtCreation(const Comm& comm);
-  // Makes the engine and the ring's GPU links on every channel, as the first collective would;
+  // Up to this many ranks, connectAtCreation also makes the links of sends and receives to
+  // every other rank (a FIFO each way and pair: NCCL_BUFFSIZE and the LL slots, 4.1 MiB by
+  // default); more, and a pair's first send or receive makes them.
+  static constexpr int kP2pLinksAtCreationMaxRanks = 16;
+  // Makes the engine and the ring's GPU links on every channel, as the first collective would
+  // (and the links of sends and receives: kP2pLinksAtCreationMaxRanks);
   // collective over the communicator. Called from its creation, every rank inside it, where
   // connectsAtCreation: making them at the first collective instead allocates device memory
   // (which may wait for the whole GPU) while another communicator's kernel may wait for this

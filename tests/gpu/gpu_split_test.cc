@@ -1,9 +1,15 @@
-// Communicators split from another (ncclCommSplit) running collectives on GPU buffers beside
-// their parent, as PyTorch's new_group does once its default group was made with a device.
+// Ranks sharing a GPU as threads, whose kernels wait for each other: their communicators make
+// their GPU links at creation (DeviceEngine::connectAtCreation), since making them later
+// allocates device memory, which may wait for the whole GPU while a sibling's kernel waits for
+// the allocating thread. Communicators split from another (ncclCommSplit) running collectives
+// on GPU buffers beside their parent, as PyTorch's new_group does once its default group was
+// made with a device; and the first sends and receives of a pipeline beside a collective.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu/gpu_support.h"
@@ -75,6 +81,46 @@ TEST(GpuSplit, SplitCommunicatorsRunCollectivesBesideTheirParent) {
   destroyAll(trio);
   destroyAll(child);
   destroyAll(parent);
+  for (auto& s : streams) cudaStreamDestroy(s);
+}
+
+// Four ranks on threads all-reduce together, then pass a buffer down a pipeline (0 -> 1 -> 2
+// -> 3, each rank's first sends and receives), ranks 2 and 3 coming late, then all-reduce
+// again. Rank 0 queues that second all-reduce as soon as its send is set up, while rank 2 is
+// still setting up its send to the later rank 3: had the links of sends and receives been made
+// then, rank 2's allocation would wait for rank 0's kernel, which waits for rank 2.
+TEST(GpuSplit, APipelinesFirstSendsBesideACollectiveAlreadyQueued) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 4;
+  std::vector<ncclComm_t> comms = initThreads(n);
+  std::vector<cudaStream_t> streams(n);
+  for (auto& s : streams)
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  RankBuffers sums(n, 64), pipe(n, 1024);
+  RankFailures failures;
+  onThreads(n, [&](int r) {
+    cudaStream_t s = streams[size_t(r)];
+    ncclComm_t c = comms[size_t(r)];
+    auto ok = [&](ncclResult_t rc, const char* what) {
+      if (rc != ncclSuccess) failures.add(r, std::string(what) + ": " + ncclGetLastError(c));
+      return rc == ncclSuccess;
+    };
+    sums.fill(r, float(r + 1), s);
+    pipe.fill(r, r == 0 ? 7.0f : 0.0f, s);
+    float* sum = sums.bufs[size_t(r)];
+    if (!ok(ncclAllReduce(sum, sum, sums.count, ncclFloat, ncclSum, c, s), "first all-reduce"))
+      return;
+    if (r >= 2) std::this_thread::sleep_for(std::chrono::milliseconds(150 * (r - 1)));
+    float* p = pipe.bufs[size_t(r)];
+    // (Receive, then send what came: two calls, in stream order.)
+    if (r > 0 && !ok(ncclRecv(p, pipe.count, ncclFloat, r - 1, c, s), "ncclRecv")) return;
+    if (r < n - 1 && !ok(ncclSend(p, pipe.count, ncclFloat, r + 1, c, s), "ncclSend")) return;
+    if (!ok(ncclAllReduce(sum, sum, sums.count, ncclFloat, ncclSum, c, s), "second all-reduce"))
+      return;
+    expectResults(failures, r, c, s, {{&sums, 40.0f}, {&pipe, 7.0f}});
+  });
+  failures.report();
+  destroyAll(comms);
   for (auto& s : streams) cudaStreamDestroy(s);
 }
 
