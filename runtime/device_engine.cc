@@ -282,11 +282,11 @@ Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {
 // Ring links (all ranks, at the same collective) end with a barrier of all ranks; links of
 // sends and receives with a handshake with each new peer.
 Status DeviceEngine::connect(const devplan::Config& cfg, const CollArgs* ops, size_t nops) {
-  // Every rank makes its ring links at the same collective: the first one. (Not "whether the
-  // link to the next rank exists": a send to it may have made that one earlier on one rank.)
-  // Once the ring's links exist (on every channel: connectAllChannels), collectives need no
-  // other: no link to look up (2 x 16 lookups under the links' lock per call; a helper
-  // estimated 1 us, never measured).
+  // Every rank makes its ring links at the same collective: the first one (or, where ranks
+  // share a GPU as threads, at creation: connectAtCreation, after which the first collective
+  // finds them made and only waits for every rank). Once the ring's links exist (on every channel:
+  // connectAllChannels), collectives need no other: no link to look up (2 x 16 lookups under the
+  // links' lock per call; a helper estimated 1 us, never measured).
   if (ringConnected_) {
     bool sendsOrReceives = false;
     for (size_t i = 0; i < nops && !sendsOrReceives; ++i)

@@ -174,7 +174,7 @@ class DeviceEngine {
   double timeoutS_;
   int proto_ = -1;               // NCCL_PROTO: -1 automatic
   int siblings_ = 0;             // other ranks of this comm in this process on this GPU
-  bool ringConnected_ = false;   // the first collective made every channel's ring links
+  bool ringConnected_ = false;   // the first collective made (or found) every channel's ring links
   std::vector<bool> isSibling_;  // by rank
   GroupCounter groups_;
   GroupPos groupPos_;      // the prepared group's place, alike on the siblings in it
