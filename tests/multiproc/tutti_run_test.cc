@@ -128,12 +128,15 @@ TEST(TuttiRun, AForwardedSignalIsNotRestarted) {
   RunResult r = termOnceTrapped(" --max-restarts 3", "while true; do sleep 0.1; done");
   EXPECT_NE(r.output.find("launcher-exit 3"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("again"), std::string::npos) << r.output;
-  // Rank 0 ignores TERM, then says it is ready; rank 1 says so and fails. The launcher's TERM
-  // comes half a second later: after the failure (or, on a machine too slow to have seen it,
-  // before: then no rank failed by itself, and there is no restart either).
+  // Rank 0 ignores TERM, then says it is ready; rank 1, once rank 0 is ready (else the
+  // launcher's stop of rank 0 after rank 1's failure could come before rank 0 ignores TERM, and
+  // the job restart at once: seen under a loaded ctest -j2), says so and fails. The launcher's
+  // TERM comes half a second later: after the failure (or, on a machine too slow to have seen
+  // it, before: then no rank failed by itself, and there is no restart either).
   RunResult f = runShell(
       "d=$(mktemp -d); " + runBin() +
-      " -n 2 --max-restarts 3 sh -c 'if [ $RANK = 1 ]; then touch '$d'/ready.1; exit 5; fi; "
+      " -n 2 --max-restarts 3 sh -c 'if [ $RANK = 1 ]; then while [ ! -e '$d'/ready.0 ]; do "
+      "sleep 0.05; done; touch '$d'/ready.1; exit 5; fi; "
       "trap \"\" TERM; touch '$d'/ready.0; sleep 3' & pid=$!; for i in $(seq 200); do "
       "[ -e $d/ready.0 ] && [ -e $d/ready.1 ] && break; sleep 0.1; done; sleep 0.5; "
       "kill -TERM $pid; wait $pid; echo launcher-exit $?; rm -rf $d");
