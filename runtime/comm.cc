@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <thread>
 #include <unordered_set>
 
@@ -282,6 +285,26 @@ Status Comm::wait() {
 void Comm::adoptHelper(std::shared_future<Status> work) {
   std::lock_guard<std::mutex> lock(mu_);
   helpers_.push_back(std::move(work));
+  helpersPending_.store(true, std::memory_order_release);
+}
+
+void Comm::waitHelpers() {
+  if (!helpersPending_.load(std::memory_order_acquire)) return;
+  std::vector<std::shared_future<Status>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending = helpers_;
+  }
+  for (auto& h : pending) h.wait();  // without mu_: a helper may report through this comm
+  std::lock_guard<std::mutex> lock(mu_);
+  // Ended ones go; one adopted meanwhile stays, and keeps the flag up.
+  helpers_.erase(std::remove_if(helpers_.begin(), helpers_.end(),
+                                [](const std::shared_future<Status>& h) {
+                                  return h.wait_for(std::chrono::seconds(0)) ==
+                                         std::future_status::ready;
+                                }),
+                 helpers_.end());
+  helpersPending_.store(!helpers_.empty(), std::memory_order_release);
 }
 
 namespace registry {

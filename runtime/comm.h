@@ -57,6 +57,12 @@ class Comm {
   // Background work started on this comm's behalf that must end before it is freed
   // (a NOCOLOR rank still takes part in its parent's split exchange, for instance).
   void adoptHelper(std::shared_future<Status> work);
+  // Waits until the background work adopted so far has ended (its result is reported where it
+  // belongs, not here). A device operation of a communicator whose ranks share a GPU as
+  // threads calls it first: a non-blocking split's new communicators make their GPU links in
+  // the background, which may wait for the whole GPU, and this operation's kernel would wait
+  // for the ranks making them (DeviceEngine::connectAtCreation). One atomic load when none.
+  void waitHelpers();
 
   State state() const { return state_.load(std::memory_order_acquire); }
   void markFinalized() { state_.store(State::kFinalized, std::memory_order_release); }
@@ -144,7 +150,8 @@ class Comm {
   std::vector<PeerInfo> peers_;
   bool peersOnLocalGpus_ = false;
   std::thread worker_;
-  std::vector<std::shared_future<Status>> helpers_;
+  std::vector<std::shared_future<Status>> helpers_;  // guarded by mu_
+  std::atomic<bool> helpersPending_{false};          // helpers_ may hold unfinished work
   std::atomic<uint64_t> nextSplitTicket_{0};
   uint64_t splitTurn_ = 0;             // guarded by mu_
   std::set<uint64_t> abandonedTurns_;  // guarded by mu_: aborted before their turn came

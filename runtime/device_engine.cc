@@ -55,6 +55,7 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
   fullParams_ = env::getBool("TUTTI_LAUNCH_FULL_PARAMS", false);
   llFullBlocks_ = env::getBool("TUTTI_LL_FULL_BLOCKS", false);
   const PeerInfo& me = comm.peers()[size_t(comm.rank())];
+  gateOnSplits_ = connectsAtCreation(comm);
   for (const PeerInfo& q : comm.peers()) {
     const bool sibling =
         q.rank != me.rank && q.pid == me.pid && q.pidNs == me.pidNs && sameGpu(q, me);
@@ -259,6 +260,7 @@ void DeviceEngine::warnTooFewResidentBlocks(int resident) const {
 }
 
 Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {
+  if (gateOnSplits_) comm_.waitHelpers();  // (Comm::waitHelpers says why)
   std::lock_guard<std::mutex> lock(mu_);
   DeviceGuard guard(comm_.cudaDev());
   // The first operation makes streams, pinned words and FIFOs (cudaMalloc, IPC, host

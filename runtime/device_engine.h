@@ -174,6 +174,7 @@ class DeviceEngine {
   double timeoutS_;
   int proto_ = -1;               // NCCL_PROTO: -1 automatic
   int siblings_ = 0;             // other ranks of this comm in this process on this GPU
+  bool gateOnSplits_ = false;    // connectsAtCreation: operations wait for splits (prepare)
   bool ringConnected_ = false;   // the first collective made (or found) every channel's ring links
   std::vector<bool> isSibling_;  // by rank
   GroupCounter groups_;

@@ -84,6 +84,55 @@ TEST(GpuSplit, SplitCommunicatorsRunCollectivesBesideTheirParent) {
   for (auto& s : streams) cudaStreamDestroy(s);
 }
 
+// Non-blocking splits: rank 3, left out of the new communicator, gets no communicator and goes
+// on at once with a collective of the parent, whose kernel waits for ranks 0-2 -- still
+// making their new communicator's links in the background. The parent's operation waits for
+// that split to end first (Comm::waitSplits), so no kernel of it runs while they allocate.
+TEST(GpuSplit, ANonBlockingSplitEndsBeforeTheParentsNextCollective) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 4;
+  std::vector<ncclComm_t> parent = initThreads(n);
+  std::vector<ncclComm_t> child(n, nullptr);
+  std::vector<cudaStream_t> streams(n);
+  for (auto& s : streams)
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  RankBuffers ps(n, 64), cs(n, 64);
+  RankFailures failures;
+  onThreads(n, [&](int r) {
+    cudaStream_t s = streams[size_t(r)];
+    ncclComm_t p = parent[size_t(r)];
+    ps.fill(r, float(r + 1), s);
+    cs.fill(r, float(r + 1), s);
+    float* pb = ps.bufs[size_t(r)];
+    if (ncclAllReduce(pb, pb, ps.count, ncclFloat, ncclSum, p, s) != ncclSuccess)
+      return failures.add(r, std::string("first all-reduce: ") + ncclGetLastError(p));
+    ncclConfig_t config = nonblockingConfig();
+    if (r < 3) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 3 first
+    const ncclResult_t rc =
+        ncclCommSplit(p, r == 3 ? NCCL_SPLIT_NOCOLOR : 0, r, &child[size_t(r)], &config);
+    if (rc != ncclSuccess && rc != ncclInProgress)
+      return failures.add(r, std::string("ncclCommSplit: ") + ncclGetLastError(p));
+    // Ranks 0-2 wait for their new communicator, as a non-blocking application does, before
+    // they call the parent again.
+    if (r < 3 && waitInitialized(child[size_t(r)]) != ncclSuccess)
+      return failures.add(r, "the new communicator did not come up");
+    if (ncclAllReduce(pb, pb, ps.count, ncclFloat, ncclSum, p, s) != ncclSuccess)
+      return failures.add(r, std::string("second all-reduce: ") + ncclGetLastError(p));
+    if (r < 3) {
+      float* cb = cs.bufs[size_t(r)];
+      if (ncclAllReduce(cb, cb, cs.count, ncclFloat, ncclSum, child[size_t(r)], s) != ncclSuccess)
+        return failures.add(r,
+                            std::string("child all-reduce: ") + ncclGetLastError(child[size_t(r)]));
+    }
+    expectResults(failures, r, p, s, {{&ps, 40.0f}});
+    if (r < 3) expectResults(failures, r, child[size_t(r)], s, {{&cs, 6.0f}});
+  });
+  failures.report();
+  destroyAll(child);
+  destroyAll(parent);
+  for (auto& s : streams) cudaStreamDestroy(s);
+}
+
 // Four ranks on threads all-reduce together, then pass a buffer down a pipeline (0 -> 1 -> 2
 // -> 3, each rank's first sends and receives), ranks 2 and 3 coming late, then all-reduce
 // again. Rank 0 queues that second all-reduce as soon as its send is set up, while rank 2 is
