@@ -19,6 +19,21 @@ using namespace tutti::test;
 
 namespace {
 
+// n ranks as threads on GPU 0, a non-blocking stream each; destroyed at the test's end (after
+// any communicator split from them, which the test destroys itself).
+struct ThreadRanks {
+  std::vector<ncclComm_t> comms;
+  std::vector<cudaStream_t> streams;
+  explicit ThreadRanks(int n) : comms(initThreads(n)), streams(size_t(n)) {
+    for (auto& s : streams)
+      EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  }
+  ~ThreadRanks() {
+    destroyAll(comms);
+    for (auto& s : streams) cudaStreamDestroy(s);
+  }
+};
+
 // Four ranks as threads on one GPU split by parity (keys reversed: rank r is the child's rank
 // 1 - r / 2); rank 3 takes no part in a second split (NCCL_SPLIT_NOCOLOR). Each rank sums in
 // place, on its stream, a small (LL) and a larger (Simple) buffer in the parent and in its
@@ -27,11 +42,10 @@ namespace {
 TEST(GpuSplit, SplitCommunicatorsRunCollectivesBesideTheirParent) {
   SKIP_WITHOUT_GPU();
   constexpr int n = 4;
-  std::vector<ncclComm_t> parent = initThreads(n);
+  ThreadRanks ranks(n);
+  std::vector<ncclComm_t>& parent = ranks.comms;
+  std::vector<cudaStream_t>& streams = ranks.streams;
   std::vector<ncclComm_t> child(n, nullptr), trio(n, nullptr);
-  std::vector<cudaStream_t> streams(n);
-  for (auto& s : streams)
-    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   RankBuffers ps(n, 64), pb(n, 1 << 18), cs(n, 64), cb(n, 1 << 18), ts(n, 64);
   RankFailures failures;
   onThreads(n, [&](int r) {
@@ -80,22 +94,19 @@ TEST(GpuSplit, SplitCommunicatorsRunCollectivesBesideTheirParent) {
   failures.report();
   destroyAll(trio);
   destroyAll(child);
-  destroyAll(parent);
-  for (auto& s : streams) cudaStreamDestroy(s);
 }
 
 // Non-blocking splits: rank 3, left out of the new communicator, gets no communicator and goes
 // on at once with a collective of the parent, whose kernel waits for ranks 0-2 -- still
 // making their new communicator's links in the background. The parent's operation waits for
-// that split to end first (Comm::waitSplits), so no kernel of it runs while they allocate.
+// that split to end first (Comm::waitHelpers), so no kernel of it runs while they allocate.
 TEST(GpuSplit, ANonBlockingSplitEndsBeforeTheParentsNextCollective) {
   SKIP_WITHOUT_GPU();
   constexpr int n = 4;
-  std::vector<ncclComm_t> parent = initThreads(n);
+  ThreadRanks ranks(n);
+  std::vector<ncclComm_t>& parent = ranks.comms;
+  std::vector<cudaStream_t>& streams = ranks.streams;
   std::vector<ncclComm_t> child(n, nullptr);
-  std::vector<cudaStream_t> streams(n);
-  for (auto& s : streams)
-    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   RankBuffers ps(n, 64), cs(n, 64);
   RankFailures failures;
   onThreads(n, [&](int r) {
@@ -129,8 +140,6 @@ TEST(GpuSplit, ANonBlockingSplitEndsBeforeTheParentsNextCollective) {
   });
   failures.report();
   destroyAll(child);
-  destroyAll(parent);
-  for (auto& s : streams) cudaStreamDestroy(s);
 }
 
 // Four ranks on threads all-reduce together, then pass a buffer down a pipeline (0 -> 1 -> 2
@@ -141,10 +150,9 @@ TEST(GpuSplit, ANonBlockingSplitEndsBeforeTheParentsNextCollective) {
 TEST(GpuSplit, APipelinesFirstSendsBesideACollectiveAlreadyQueued) {
   SKIP_WITHOUT_GPU();
   constexpr int n = 4;
-  std::vector<ncclComm_t> comms = initThreads(n);
-  std::vector<cudaStream_t> streams(n);
-  for (auto& s : streams)
-    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ThreadRanks ranks(n);
+  std::vector<ncclComm_t>& comms = ranks.comms;
+  std::vector<cudaStream_t>& streams = ranks.streams;
   RankBuffers sums(n, 64), pipe(n, 1024);
   RankFailures failures;
   onThreads(n, [&](int r) {
@@ -169,8 +177,6 @@ TEST(GpuSplit, APipelinesFirstSendsBesideACollectiveAlreadyQueued) {
     expectResults(failures, r, c, s, {{&sums, 40.0f}, {&pipe, 7.0f}});
   });
   failures.report();
-  destroyAll(comms);
-  for (auto& s : streams) cudaStreamDestroy(s);
 }
 
 }  // namespace
