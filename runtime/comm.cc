@@ -203,6 +203,12 @@ Status Comm::init(const wire::UniqueId& id) {
   for (const PeerInfo& p : peers_) {
     peersOnLocalGpus_ &= p.cudaDev >= 0 && p.hostHash == peers_[size_t(rank())].hostHash;
   }
+  for (size_t a = 0; a < peers_.size() && peersOnLocalGpus_ && !threadsShareGpu_; ++a) {
+    for (size_t b = a + 1; b < peers_.size() && !threadsShareGpu_; ++b) {
+      const PeerInfo &p = peers_[a], &q = peers_[b];
+      threadsShareGpu_ = p.pid == q.pid && p.pidNs == q.pidNs && sameGpu(p, q);
+    }
+  }
   // Link setup waits on single peers through the bootstrap: a peer process that exited
   // (killed, crashed, or failed before its links) ends the wait at once, by name, instead of
   // after TUTTI_BOOTSTRAP_TIMEOUT.
@@ -221,7 +227,7 @@ Status Comm::init(const wire::UniqueId& id) {
   engine_ = std::make_unique<Engine>(*this);
   // Ranks sharing a GPU as threads: the GPU links now, every rank inside its creation, not at
   // the first collective (DeviceEngine::connectAtCreation says why).
-  if (DeviceEngine::connectsAtCreation(*this)) {
+  if (threadsShareGpu_) {
     TUTTI_TRY(deviceEngine().connectAtCreation().withContext(
         "rank " + std::to_string(rank()) + ": making the GPU links of ranks that share a GPU"));
   }

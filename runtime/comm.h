@@ -94,6 +94,10 @@ class Comm {
   // Every rank is a GPU rank of this host (what GPU buffers in a collective need), as the
   // peer exchange at init found.
   bool peersOnLocalGpus() const { return peersOnLocalGpus_; }
+  // Two ranks of this communicator are threads of one process on one GPU (and every rank is
+  // on a GPU of this host): their kernels wait for each other, so the communicator makes its
+  // GPU links at creation (DeviceEngine::connectAtCreation). Alike on every rank.
+  bool threadsShareGpu() const { return threadsShareGpu_; }
   // Split re-seats the identity before init (rank and size are learned from the parent).
   void setIdentity(int rank, int nranks) { rank_ = rank, nranks_ = nranks; }
 
@@ -149,6 +153,7 @@ class Comm {
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<PeerInfo> peers_;
   bool peersOnLocalGpus_ = false;
+  bool threadsShareGpu_ = false;
   std::thread worker_;
   std::vector<std::shared_future<Status>> helpers_;  // guarded by mu_
   std::atomic<bool> helpersPending_{false};          // helpers_ may hold unfinished work

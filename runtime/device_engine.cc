@@ -55,7 +55,6 @@ DeviceEngine::DeviceEngine(Comm& comm) : comm_(comm) {
   fullParams_ = env::getBool("TUTTI_LAUNCH_FULL_PARAMS", false);
   llFullBlocks_ = env::getBool("TUTTI_LL_FULL_BLOCKS", false);
   const PeerInfo& me = comm.peers()[size_t(comm.rank())];
-  gateOnSplits_ = connectsAtCreation(comm);
   for (const PeerInfo& q : comm.peers()) {
     const bool sibling =
         q.rank != me.rank && q.pid == me.pid && q.pidNs == me.pidNs && sameGpu(q, me);
@@ -260,7 +259,7 @@ void DeviceEngine::warnTooFewResidentBlocks(int resident) const {
 }
 
 Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {
-  if (gateOnSplits_) comm_.waitHelpers();  // (Comm::waitHelpers says why)
+  if (comm_.threadsShareGpu()) comm_.waitHelpers();  // (Comm::waitHelpers says why)
   std::lock_guard<std::mutex> lock(mu_);
   DeviceGuard guard(comm_.cudaDev());
   // The first operation makes streams, pinned words and FIFOs (cudaMalloc, IPC, host
@@ -328,18 +327,6 @@ devplan::Config DeviceEngine::planConfig() const {
   return cfg;
 }
 
-bool DeviceEngine::connectsAtCreation(const Comm& comm) {
-  const std::vector<PeerInfo>& peers = comm.peers();
-  if (peers.size() < 2 || !comm.peersOnLocalGpus()) return false;
-  for (size_t a = 0; a < peers.size(); ++a) {
-    for (size_t b = a + 1; b < peers.size(); ++b) {
-      const PeerInfo &p = peers[a], &q = peers[b];
-      if (p.pid == q.pid && p.pidNs == q.pidNs && sameGpu(p, q)) return true;
-    }
-  }
-  return false;
-}
-
 Status DeviceEngine::connectAtCreation() {
   std::lock_guard<std::mutex> lock(mu_);
   DeviceGuard guard(comm_.cudaDev());
@@ -348,16 +335,13 @@ Status DeviceEngine::connectAtCreation() {
   // the peer table is; nothing to make then.
   if (!settingsAgree_.ok()) return Status::Ok();
   TUTTI_TRY(init());
+  // Operations that need the links, as connect sees them (kind and peer, nothing else).
+  auto op = [](CollKind kind, int root) {
+    return CollArgs{kind, "ncclCommInitRank", nullptr, nullptr, 1, ncclFloat32,
+                    0,    RedOpSpec{},        root};
+  };
   // The links a collective makes first: the ring's, on every channel (connectAllChannels).
-  CollArgs any{CollKind::kAllReduce,
-               "ncclCommInitRank",
-               nullptr,
-               nullptr,
-               1,
-               ncclFloat32,
-               0,
-               RedOpSpec{},
-               0};
+  const CollArgs any = op(CollKind::kAllReduce, 0);
   TUTTI_TRY(connect(planConfig(), &any, 1));
   // The links of sends and receives to every other rank too, where there are few enough of
   // them: a pair's first send or receive would make them otherwise, while a third rank's
@@ -367,9 +351,7 @@ Status DeviceEngine::connectAtCreation() {
     std::vector<CollArgs> p2p;
     for (int peer = 0; peer < n; ++peer) {
       if (peer == r) continue;
-      for (CollKind kind : {CollKind::kSend, CollKind::kRecv})
-        p2p.push_back(CollArgs{kind, "ncclCommInitRank", nullptr, nullptr, 0, ncclInt8, -1,
-                               RedOpSpec{}, peer});
+      for (CollKind kind : {CollKind::kSend, CollKind::kRecv}) p2p.push_back(op(kind, peer));
     }
     TUTTI_TRY(connect(planConfig(), p2p.data(), p2p.size()));
   }
@@ -453,7 +435,6 @@ Status DeviceEngine::plan(const CollArgs* ops, size_t nops) {
 
 #else  // !TUTTI_HAVE_CUDA: no GPU buffers can reach here (validation finds none).
 
-bool DeviceEngine::connectsAtCreation(const Comm&) { return false; }
 Status DeviceEngine::connectAtCreation() { return Status::Ok(); }
 
 DeviceEngine::DeviceEngine(Comm& comm)

@@ -68,10 +68,6 @@ class DeviceEngine {
   // Marks every device FIFO broken, so that the peers' kernels stop waiting (abort).
   void breakLinks();
 
-  // Whether the communicator makes its GPU links at its creation (connectAtCreation): where
-  // ranks of one process share a GPU (threads), on any rank, every rank on a GPU of one host.
-  // Every rank decides alike, from the peer table.
-  static bool connectsAtCreation(const Comm& comm);
   // Up to this many ranks, connectAtCreation also makes the links of sends and receives to
   // every other rank (a FIFO each way and pair: NCCL_BUFFSIZE and the LL slots, 4.1 MiB by
   // default); more, and a pair's first send or receive makes them.
@@ -79,7 +75,7 @@ class DeviceEngine {
   // Makes the engine and the ring's GPU links on every channel, as the first collective would
   // (and the links of sends and receives: kP2pLinksAtCreationMaxRanks);
   // collective over the communicator. Called from its creation, every rank inside it, where
-  // connectsAtCreation: making them at the first collective instead allocates device memory
+  // Comm::threadsShareGpu: making them at the first collective instead allocates device memory
   // (which may wait for the whole GPU) while another communicator's kernel may wait for this
   // very thread's next call -- a deadlock of ranks that share a GPU as threads.
   Status connectAtCreation();
@@ -174,7 +170,6 @@ class DeviceEngine {
   double timeoutS_;
   int proto_ = -1;               // NCCL_PROTO: -1 automatic
   int siblings_ = 0;             // other ranks of this comm in this process on this GPU
-  bool gateOnSplits_ = false;    // connectsAtCreation: operations wait for splits (prepare)
   bool ringConnected_ = false;   // the first collective made (or found) every channel's ring links
   std::vector<bool> isSibling_;  // by rank
   GroupCounter groups_;

@@ -4,7 +4,6 @@
 #include <functional>
 
 #include "runtime/bootstrap_root.h"
-#include "runtime/device_engine.h"
 #include "runtime/env.h"
 #include "runtime/group.h"
 #include "runtime/log.h"
@@ -82,8 +81,8 @@ Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key, bool* exchange
 // turn. Such a child makes its GPU links as it is created (DeviceEngine::connectAtCreation),
 // which may wait for the whole GPU: no rank of the parent may queue a kernel that waits for
 // another (a NOCOLOR rank's next collective on the parent, say) before every child's are made.
-// (A blocking split only: a non-blocking one returns first, and the application must let every
-// rank's split complete before it queues work that waits for another rank.)
+// (A non-blocking split returns first: the parent's next GPU operation waits for it to end,
+// Comm::waitHelpers.)
 Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
                 const std::atomic<bool>* childAbort,
                 const std::function<Status(const SplitPlan&)>& child) {
@@ -101,7 +100,7 @@ Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
   // aborted: ncclCommAbort must not wait for the other ranks' creations (they then wait here
   // until their bootstrap deadline, and say so).
   const bool aborting = childAbort && childAbort->load(std::memory_order_acquire);
-  if (exchanged && !aborting && DeviceEngine::connectsAtCreation(*parent)) {
+  if (exchanged && !aborting && parent->threadsShareGpu()) {
     Status b = parent->bootstrap()->barrier().withContext(
         "split: waiting for the parent's ranks to make their new communicators' GPU links");
     if (s.ok()) s = b;
