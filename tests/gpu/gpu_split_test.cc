@@ -50,16 +50,13 @@ TEST(GpuSplit, SplitCommunicatorsRunCollectivesBesideTheirParent) {
   RankFailures failures;
   onThreads(n, [&](int r) {
     cudaStream_t s = streams[size_t(r)];
-    auto check = [&](ncclResult_t rc, ncclComm_t c, const char* what) {
-      if (rc != ncclSuccess) failures.add(r, std::string(what) + ": " + ncclGetLastError(c));
-      return rc == ncclSuccess;
-    };
-    if (!check(ncclCommSplit(parent[size_t(r)], r % 2, n - r, &child[size_t(r)], nullptr),
-               parent[size_t(r)], "ncclCommSplit"))
+    if (!failures.ok(r, ncclCommSplit(parent[size_t(r)], r % 2, n - r, &child[size_t(r)], nullptr),
+                     parent[size_t(r)], "ncclCommSplit"))
       return;
-    if (!check(ncclCommSplit(parent[size_t(r)], r == 3 ? NCCL_SPLIT_NOCOLOR : 0, r,
-                             &trio[size_t(r)], nullptr),
-               parent[size_t(r)], "ncclCommSplit (NOCOLOR)"))
+    if (!failures.ok(r,
+                     ncclCommSplit(parent[size_t(r)], r == 3 ? NCCL_SPLIT_NOCOLOR : 0, r,
+                                   &trio[size_t(r)], nullptr),
+                     parent[size_t(r)], "ncclCommSplit (NOCOLOR)"))
       return;
     if ((r == 3) != (trio[size_t(r)] == nullptr)) failures.add(r, "NOCOLOR: wrong communicator");
     int childRank = -1;
@@ -73,14 +70,17 @@ TEST(GpuSplit, SplitCommunicatorsRunCollectivesBesideTheirParent) {
     for (int round = 0; round < 3; ++round) {
       for (RankBuffers* b : {&ps, &pb, &cs, &cb}) {
         ncclComm_t c = (b == &ps || b == &pb) ? parent[size_t(r)] : child[size_t(r)];
-        if (!check(ncclAllReduce(b->bufs[size_t(r)], b->bufs[size_t(r)], b->count, ncclFloat,
-                                 ncclSum, c, s),
-                   c, "ncclAllReduce"))
+        if (!failures.ok(r,
+                         ncclAllReduce(b->bufs[size_t(r)], b->bufs[size_t(r)], b->count, ncclFloat,
+                                       ncclSum, c, s),
+                         c, "ncclAllReduce"))
           return;
       }
-      if (trio[size_t(r)] && !check(ncclAllReduce(ts.bufs[size_t(r)], ts.bufs[size_t(r)], ts.count,
-                                                  ncclFloat, ncclSum, trio[size_t(r)], s),
-                                    trio[size_t(r)], "ncclAllReduce (trio)"))
+      if (trio[size_t(r)] &&
+          !failures.ok(r,
+                       ncclAllReduce(ts.bufs[size_t(r)], ts.bufs[size_t(r)], ts.count, ncclFloat,
+                                     ncclSum, trio[size_t(r)], s),
+                       trio[size_t(r)], "ncclAllReduce (trio)"))
         return;
     }
     // Parent: 1 + 2 + 3 + 4, then times 4 twice. Children: even ranks 10 + 30, odd 20 + 40,
@@ -115,25 +115,27 @@ TEST(GpuSplit, ANonBlockingSplitEndsBeforeTheParentsNextCollective) {
     ps.fill(r, float(r + 1), s);
     cs.fill(r, float(r + 1), s);
     float* pb = ps.bufs[size_t(r)];
-    if (ncclAllReduce(pb, pb, ps.count, ncclFloat, ncclSum, p, s) != ncclSuccess)
-      return failures.add(r, std::string("first all-reduce: ") + ncclGetLastError(p));
+    if (!failures.ok(r, ncclAllReduce(pb, pb, ps.count, ncclFloat, ncclSum, p, s), p,
+                     "first all-reduce"))
+      return;
     ncclConfig_t config = nonblockingConfig();
     if (r < 3) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 3 first
     const ncclResult_t rc =
         ncclCommSplit(p, r == 3 ? NCCL_SPLIT_NOCOLOR : 0, r, &child[size_t(r)], &config);
-    if (rc != ncclSuccess && rc != ncclInProgress)
-      return failures.add(r, std::string("ncclCommSplit: ") + ncclGetLastError(p));
+    if (rc != ncclInProgress && !failures.ok(r, rc, p, "ncclCommSplit")) return;
     // Ranks 0-2 wait for their new communicator, as a non-blocking application does, before
     // they call the parent again.
     if (r < 3 && waitInitialized(child[size_t(r)]) != ncclSuccess)
       return failures.add(r, "the new communicator did not come up");
-    if (ncclAllReduce(pb, pb, ps.count, ncclFloat, ncclSum, p, s) != ncclSuccess)
-      return failures.add(r, std::string("second all-reduce: ") + ncclGetLastError(p));
+    if (!failures.ok(r, ncclAllReduce(pb, pb, ps.count, ncclFloat, ncclSum, p, s), p,
+                     "second all-reduce"))
+      return;
     if (r < 3) {
       float* cb = cs.bufs[size_t(r)];
-      if (ncclAllReduce(cb, cb, cs.count, ncclFloat, ncclSum, child[size_t(r)], s) != ncclSuccess)
-        return failures.add(r,
-                            std::string("child all-reduce: ") + ncclGetLastError(child[size_t(r)]));
+      ncclComm_t c = child[size_t(r)];
+      if (!failures.ok(r, ncclAllReduce(cb, cb, cs.count, ncclFloat, ncclSum, c, s), c,
+                       "child all-reduce"))
+        return;
     }
     expectResults(failures, r, p, s, {{&ps, 40.0f}});
     if (r < 3) expectResults(failures, r, child[size_t(r)], s, {{&cs, 6.0f}});
@@ -158,21 +160,22 @@ TEST(GpuSplit, APipelinesFirstSendsBesideACollectiveAlreadyQueued) {
   onThreads(n, [&](int r) {
     cudaStream_t s = streams[size_t(r)];
     ncclComm_t c = comms[size_t(r)];
-    auto ok = [&](ncclResult_t rc, const char* what) {
-      if (rc != ncclSuccess) failures.add(r, std::string(what) + ": " + ncclGetLastError(c));
-      return rc == ncclSuccess;
-    };
     sums.fill(r, float(r + 1), s);
     pipe.fill(r, r == 0 ? 7.0f : 0.0f, s);
     float* sum = sums.bufs[size_t(r)];
-    if (!ok(ncclAllReduce(sum, sum, sums.count, ncclFloat, ncclSum, c, s), "first all-reduce"))
+    if (!failures.ok(r, ncclAllReduce(sum, sum, sums.count, ncclFloat, ncclSum, c, s), c,
+                     "first all-reduce"))
       return;
     if (r >= 2) std::this_thread::sleep_for(std::chrono::milliseconds(150 * (r - 1)));
     float* p = pipe.bufs[size_t(r)];
     // (Receive, then send what came: two calls, in stream order.)
-    if (r > 0 && !ok(ncclRecv(p, pipe.count, ncclFloat, r - 1, c, s), "ncclRecv")) return;
-    if (r < n - 1 && !ok(ncclSend(p, pipe.count, ncclFloat, r + 1, c, s), "ncclSend")) return;
-    if (!ok(ncclAllReduce(sum, sum, sums.count, ncclFloat, ncclSum, c, s), "second all-reduce"))
+    if (r > 0 && !failures.ok(r, ncclRecv(p, pipe.count, ncclFloat, r - 1, c, s), c, "ncclRecv"))
+      return;
+    if (r < n - 1 &&
+        !failures.ok(r, ncclSend(p, pipe.count, ncclFloat, r + 1, c, s), c, "ncclSend"))
+      return;
+    if (!failures.ok(r, ncclAllReduce(sum, sum, sums.count, ncclFloat, ncclSum, c, s), c,
+                     "second all-reduce"))
       return;
     expectResults(failures, r, c, s, {{&sums, 40.0f}, {&pipe, 7.0f}});
   });

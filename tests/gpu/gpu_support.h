@@ -136,6 +136,11 @@ struct RankFailures {
     std::lock_guard<std::mutex> lock(mu);
     list.push_back("rank " + std::to_string(r) + ": " + what);
   }
+  // Whether rank r's call on comm succeeded; if not, records what failed and comm's last error.
+  bool ok(int r, ncclResult_t rc, ncclComm_t comm, const char* what) {
+    if (rc != ncclSuccess) add(r, std::string(what) + ": " + ncclGetLastError(comm));
+    return rc == ncclSuccess;
+  }
   void report() {
     for (const std::string& f : list) ADD_FAILURE() << f;
   }
