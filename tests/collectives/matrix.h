@@ -8,7 +8,10 @@
 // every call, so a result that was never written cannot pass.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,6 +42,7 @@ struct Case {
   size_t count;
   bool inPlace;
   int root;
+  uint32_t salt = 0;  // mixed into every input: cases alike but for it have different inputs
   std::string name() const;
 };
 
@@ -59,7 +63,11 @@ enum class Memory { kHost, kDevice };
 // (cudaMalloc / cudaFree may wait for the whole GPU, where a kernel of another rank may be
 // waiting for this one); releaseDeviceMemory once every rank is done.
 std::string reserveDeviceMemory(const std::vector<Case>& cases, int nranks);
+// The same for `bytes` (the sum of caseDeviceBytes of the cases a thread holds at once).
+std::string reserveDeviceMemory(size_t bytes);
 void releaseDeviceMemory();
+// The GPU memory a case takes in the thread's arena (Memory::kDevice).
+size_t caseDeviceBytes(const Case& c, int nranks);
 
 // Runs one case on this rank; "" when the output is right, else what is wrong.
 std::string runCase(ncclComm_t comm, int rank, int nranks, const Case& c,
@@ -71,6 +79,32 @@ using CallFn = std::function<std::string(const void* send, void* recv, const uin
 std::string runCaseWith(int rank, int nranks, const Case& c, const CallFn& call);
 // Whether a case's op is ncclRedOpCreatePreMulSum's (kPreMulHost / kPreMulDevice).
 inline bool isPreMul(int op) { return op == kPreMulHost || op == kPreMulDevice; }
+
+// One case on one rank in three steps, for tests that queue several operations before they
+// check any (tests/gpu/gpu_program_test.cc); runCase is the three in a row.
+class CaseRun {
+ public:
+  CaseRun(int rank, int nranks, const Case& c);
+  ~CaseRun();  // destroys the case's PreMulSum op
+  CaseRun(const CaseRun&) = delete;
+  CaseRun& operator=(const CaseRun&) = delete;
+  // Fills the buffers (inputs, poisoned outputs) and makes the PreMulSum op on comm (null
+  // comm: none). Memory::kDevice: copies them to the thread's arena at arenaOffset (cases held
+  // at once lie caseDeviceBytes apart), in `stream`'s order. "" or what failed.
+  std::string prepare(ncclComm_t comm, Memory mem, void* stream, size_t arenaOffset = 0);
+  // The operation on comm, on `stream` (GPU buffers: a stream ordered after prepare's copies).
+  ncclResult_t issue(ncclComm_t comm, void* stream);
+  // The operation by the caller's own engine (runCaseWith): "" or what failed.
+  std::string issueWith(const CallFn& call);
+  // Memory::kDevice: copies the result back in `stream`'s order (after the operation) and
+  // waits for it. Then "" when every output is right, else what is wrong.
+  std::string check(void* stream);
+  const Case& testCase() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
 
 // Runs every case; the failures, at most `maxReport` of them.
 std::vector<std::string> runCases(ncclComm_t comm, int rank, int nranks,

@@ -112,6 +112,21 @@ TEST(GpuProcesses, MatrixOnDeviceBuffersWithFourProcessesOnOneGpu) {
   EXPECT_NE(r.output.find("cases passed on rank 3"), std::string::npos) << r.output;
 }
 
+// Queued programs (collectives/program.h) with ranks as processes on the one GPU: FIFOs over
+// CUDA IPC, eagerly on two streams each, and captured into a graph.
+TEST(GpuProcesses, QueuedProgramsWithThreeProcessesOnOneGpu) {
+  SKIP_WITHOUT_GPU();
+  for (const char* graph : {"0", "1"}) {
+    RunResult r = runShell(std::string("NCCL_BUFFSIZE=8192 TUTTI_LL_SLOT_BYTES=1024 "
+                                       "TUTTI_DEV_CHANNEL_BYTES=4096 TUTTI_TIMEOUT=60 "
+                                       "TUTTI_PROGRAM_SEED=11 TUTTI_PROGRAM_GRAPH=") +
+                           graph + " " + TUTTI_RUN_BIN + " -n 3 " + TUTTI_TEST_RANK_BIN +
+                           " program-device 2>&1");
+    EXPECT_EQ(r.exitCode, 0) << "graph " << graph << ": " << r.output;
+    EXPECT_NE(r.output.find("steps passed on rank 2"), std::string::npos) << r.output;
+  }
+}
+
 // A peer process that exits while this rank's kernel waits for it: the kernel stops within the
 // peer watch's period, not at TUTTI_TIMEOUT (600 s here, beyond the test's limit), and the
 // error names the rank that exited and its pid. Waiting to receive (on its own FIFO), and

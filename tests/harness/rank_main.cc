@@ -4,6 +4,9 @@
 //   split        init, then split into even/odd ranks and check the new ranks
 //   coll         init, then run the whole correctness matrix (NCCL_BUFFSIZE sets its counts)
 //   coll-device  the same on GPU buffers, on a stream of this rank's own
+//   program-device  a queued program on GPU buffers (collectives/program.h; NCCL_BUFFSIZE as
+//                for coll): TUTTI_PROGRAM_SEED (1), TUTTI_PROGRAM_LENGTH (40) steps on two
+//                streams of this rank's own, captured into a graph with TUTTI_PROGRAM_GRAPH=1
 //   loop         init, then AllReduce 4 MiB again and again until one fails (a peer was
 //                killed): prints "survivor: <result>: <message>" and exits 0 when the error
 //                is ncclRemoteError and ncclCommGetAsyncError agrees, else 1
@@ -41,6 +44,7 @@
 #include <vector>
 
 #include "collectives/matrix.h"
+#include "collectives/program.h"
 #ifdef TUTTI_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -150,6 +154,37 @@ int main(int argc, char** argv) {
     if (!bad.empty()) return 1;
     printf("matrix: %zu cases passed on rank %d\n", tutti::test::matrixCases(size, fifo).size(),
            rank);
+  }
+  if (mode == "program-device") {
+#ifdef TUTTI_HAVE_CUDA
+    const char* buff = getenv("NCCL_BUFFSIZE");
+    const char* seed = getenv("TUTTI_PROGRAM_SEED");
+    const char* length = getenv("TUTTI_PROGRAM_LENGTH");
+    const char* graph = getenv("TUTTI_PROGRAM_GRAPH");
+    const std::vector<tutti::test::ProgramStep> program = tutti::test::randomProgram(
+        size, buff ? strtoull(buff, nullptr, 0) : (1u << 20),
+        seed ? uint32_t(strtoul(seed, nullptr, 0)) : 1, length ? atoi(length) : 40);
+    tutti::test::ProgramRank pr{comm, rank, {nullptr, nullptr}};
+    for (void*& st : pr.streams) {
+      if (cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(&st), cudaStreamNonBlocking) !=
+          cudaSuccess) {
+        fprintf(stderr, "cudaStreamCreate failed\n");
+        return 1;
+      }
+    }
+    tutti::test::ProgramRun run{{pr}, size, graph && atoi(graph) == 1, nullptr};
+    std::vector<std::string> bad = tutti::test::runProgram(run, program);
+    for (const std::string& b : bad) fprintf(stderr, "%s\n", b.c_str());
+    if (!bad.empty()) {
+      if (rank == 0)
+        fprintf(stderr, "the program:\n%s", tutti::test::describeProgram(program).c_str());
+      return 1;
+    }
+    printf("program: %zu steps passed on rank %d\n", program.size(), rank);
+#else
+    fprintf(stderr, "this build has no CUDA\n");
+    return 1;
+#endif
   }
   if (mode == "peerexit-device" || mode == "peerexit-device-big") {
 #ifdef TUTTI_HAVE_CUDA
