@@ -61,7 +61,11 @@ class Comm {
   // belongs, not here). A device operation of a communicator whose ranks share a GPU as
   // threads calls it first: a non-blocking split's new communicators make their GPU links in
   // the background, which may wait for the whole GPU, and this operation's kernel would wait
-  // for the ranks making them (DeviceEngine::connectAtCreation). One atomic load when none.
+  // for the ranks making them (DeviceEngine::connectAtCreation). So does, on any communicator,
+  // the first GPU collective, whose ring links end with a barrier on the bootstrap ring: a
+  // non-blocking split's exchange is two all-gathers on that ring, from its helper thread, and
+  // all-gathers of one ring that two ranks run in different orders read each other's bytes
+  // (the split's ids came out shifted by the barrier's). One atomic load when none.
   void waitHelpers();
 
   State state() const { return state_.load(std::memory_order_acquire); }

@@ -259,7 +259,11 @@ void DeviceEngine::warnTooFewResidentBlocks(int resident) const {
 }
 
 Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {
-  if (comm_.threadsShareGpu()) comm_.waitHelpers();  // (Comm::waitHelpers says why)
+  // Where ranks share a GPU as threads, every GPU operation; elsewhere the collective that
+  // ends with the ring's first barrier (connect) waits for the splits adopted on the parent
+  // (Comm::waitHelpers says why).
+  if (comm_.threadsShareGpu() || !ringConnected_.load(std::memory_order_relaxed))
+    comm_.waitHelpers();
   std::lock_guard<std::mutex> lock(mu_);
   DeviceGuard guard(comm_.cudaDev());
   // The first operation makes streams, pinned words and FIFOs (cudaMalloc, IPC, host

@@ -168,9 +168,11 @@ class DeviceEngine {
   size_t gatherMaxBytes_;  // TUTTI_LL_GATHER_MAX_BYTES (devplan::Config::gatherMaxBytes)
   size_t channelBytes_;
   double timeoutS_;
-  int proto_ = -1;               // NCCL_PROTO: -1 automatic
-  int siblings_ = 0;             // other ranks of this comm in this process on this GPU
-  bool ringConnected_ = false;   // the first collective made (or found) every channel's ring links
+  int proto_ = -1;    // NCCL_PROTO: -1 automatic
+  int siblings_ = 0;  // other ranks of this comm in this process on this GPU
+  // The first collective made (or found) every channel's ring links; atomic: prepare reads it
+  // before taking mu_.
+  std::atomic<bool> ringConnected_{false};
   std::vector<bool> isSibling_;  // by rank
   GroupCounter groups_;
   GroupPos groupPos_;      // the prepared group's place, alike on the siblings in it

@@ -3,7 +3,8 @@
 // allocates device memory, which may wait for the whole GPU while a sibling's kernel waits for
 // the allocating thread. Communicators split from another (ncclCommSplit) running collectives
 // on GPU buffers beside their parent, as PyTorch's new_group does once its default group was
-// made with a device; and the first sends and receives of a pipeline beside a collective.
+// made with a device; and the first sends and receives of a pipeline beside a collective. And,
+// with ranks as processes, a non-blocking split beside the parent's first collective.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -180,6 +181,35 @@ TEST(GpuSplit, APipelinesFirstSendsBesideACollectiveAlreadyQueued) {
     expectResults(failures, r, c, s, {{&sums, 40.0f}, {&pipe, 7.0f}});
   });
   failures.report();
+}
+
+// Ranks as processes, whose first collective on GPU buffers makes the ring's links and ends with
+// a barrier on the bootstrap ring, which a non-blocking split's exchange (two all-gathers, on
+// the split's helper thread) also uses. Work adopted by the communicator, as the split's is,
+// all-gathering on the ring 300 ms late on rank 0: the first collective waits for it (without
+// the wait, rank 0's barrier ran first and rank 1's the other way round, and both all-gathers
+// read the other's bytes: 128 of 128 wrong).
+TEST(GpuProcesses, TheFirstCollectiveWaitsForWorkAdoptedOnTheBootstrapRing) {
+  SKIP_WITHOUT_GPU();
+  RunResult r = runShell(std::string("TUTTI_TIMEOUT=30 TUTTI_BOOTSTRAP_TIMEOUT=30 ") +
+                         TUTTI_RUN_BIN + " -n 2 " + TUTTI_TEST_RANK_BIN + " ringshare-device 2>&1");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("ringshare: all-gather ok, 0 bytes wrong"), std::string::npos)
+      << r.output;
+}
+
+// The same with a real split: 4 processes, non-blocking ncclCommSplit by parity and at once
+// the parent's first all-reduce, rank 2 a second late (so rank 0's all-reduce reaches the
+// ring while its split's exchange waits for rank 2).
+TEST(GpuProcesses, ANonBlockingSplitBesideTheParentsFirstCollective) {
+  SKIP_WITHOUT_GPU();
+  RunResult r = runShell(std::string("TUTTI_TIMEOUT=30 TUTTI_BOOTSTRAP_TIMEOUT=30 ") +
+                         TUTTI_RUN_BIN + " -n 4 " + TUTTI_TEST_RANK_BIN + " splitbusy-device 2>&1");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.output.find("splitbusy: ok on rank " + std::to_string(rank)), std::string::npos)
+        << r.output;
+  }
 }
 
 }  // namespace

@@ -10,6 +10,18 @@
 //   loop         init, then AllReduce 4 MiB again and again until one fails (a peer was
 //                killed): prints "survivor: <result>: <message>" and exits 0 when the error
 //                is ncclRemoteError and ncclCommGetAsyncError agrees, else 1
+//   splitbusy-device  a non-blocking ncclCommSplit (even and odd ranks), and at once the
+//                parent's first all-reduce on GPU buffers (odd ranks 1 s later: the even
+//                ranks' split exchange waits for them on the parent's bootstrap ring, which
+//                the all-reduce's first use of the ring must not cut into). Prints
+//                "splitbusy: ..." and exits 0 when the all-reduce's sum and the new
+//                communicator's rank, size and all-reduce are right
+//   ringshare-device  2 ranks: work adopted by the communicator (as a non-blocking split's
+//                exchange is) all-gathers 128 bytes a rank on the bootstrap ring, rank 0's
+//                300 ms late, while each rank's first all-reduce on GPU buffers makes the ring's
+//                links and ends with a barrier on that ring: rank 0's must wait for its
+//                adopted work. Prints "ringshare: ..." and exits 0 when the all-gather's bytes
+//                and the all-reduce's sum are right
 //   peerexit-device  2 ranks on GPU buffers: one all-reduce together, then rank 1 exits
 //                (status 0, so tutti-run lets rank 0 go on) while rank 0's next kernel waits
 //                for it: prints "device survivor: ..." and exits 0 when that kernel stopped
@@ -40,6 +52,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -73,6 +86,36 @@ int deviceStart(ncclComm_t comm, size_t count, cudaStream_t* s, float** d) {
     return failWith("the first all-reduce", comm);
   }
   return 0;
+}
+
+// A non-blocking stream and `count` floats of GPU memory holding v: 0, or 1 after saying what
+// failed.
+int deviceFilled(size_t count, float v, cudaStream_t* s, float** d) {
+  std::vector<float> host(count, v);
+  if (cudaStreamCreateWithFlags(s, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaMalloc(d, count * 4) != cudaSuccess ||
+      cudaMemcpy(*d, host.data(), count * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
+    fprintf(stderr, "CUDA set-up failed\n");
+    return 1;
+  }
+  return 0;
+}
+
+// Whether the `count` floats at d hold `want` once s is done; says what they held if not.
+bool deviceHolds(const float* d, size_t count, float want, cudaStream_t s, const char* what) {
+  std::vector<float> host(count, 0);
+  if (cudaStreamSynchronize(s) != cudaSuccess ||
+      cudaMemcpy(host.data(), d, count * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    fprintf(stderr, "%s: reading the result back failed\n", what);
+    return false;
+  }
+  for (float v : host) {
+    if (v != want) {
+      fprintf(stderr, "%s gave %g, expected %g\n", what, v, want);
+      return false;
+    }
+  }
+  return true;
 }
 #endif
 
@@ -181,6 +224,77 @@ int main(int argc, char** argv) {
       return 1;
     }
     printf("program: %zu steps passed on rank %d\n", program.size(), rank);
+#else
+    fprintf(stderr, "this build has no CUDA\n");
+    return 1;
+#endif
+  }
+  if (mode == "splitbusy-device") {
+#ifdef TUTTI_HAVE_CUDA
+    cudaStream_t s = nullptr;
+    float* d = nullptr;
+    const size_t count = 4096;
+    if (int rc = deviceFilled(count, float(rank + 1), &s, &d)) return rc;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t sub = nullptr;
+    if (rank == 2) usleep(1000 * 1000);
+    const ncclResult_t split = ncclCommSplit(comm, rank % 2, rank, &sub, &config);
+    if (split != ncclSuccess && split != ncclInProgress) return failWith("ncclCommSplit", comm);
+    if (ncclAllReduce(d, d, count, ncclFloat, ncclSum, comm, s) != ncclSuccess)
+      return failWith("the parent's all-reduce", comm);
+    if (!deviceHolds(d, count, float(size * (size + 1) / 2), s,
+                     "splitbusy: the parent's all-reduce"))
+      return 1;
+    ncclResult_t state = ncclInProgress;
+    for (int i = 0; i < 3000 && state == ncclInProgress; ++i) {
+      if (ncclCommGetAsyncError(sub, &state) != ncclSuccess) state = ncclInternalError;
+      if (state == ncclInProgress) usleep(10 * 1000);
+    }
+    if (state != ncclSuccess) return failWith("the new communicator", sub);
+    if (int rc = checkComm(sub, rank / 2, (size + 1 - rank % 2) / 2)) return rc;
+    if (ncclAllReduce(d, d, 1, ncclFloat, ncclSum, sub, s) != ncclSuccess ||
+        cudaStreamSynchronize(s) != cudaSuccess)
+      return failWith("the new communicator's all-reduce", sub);
+    printf("splitbusy: ok on rank %d\n", rank);
+    ncclCommDestroy(sub);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+#else
+    fprintf(stderr, "this build has no CUDA\n");
+    return 1;
+#endif
+  }
+  if (mode == "ringshare-device") {
+#ifdef TUTTI_HAVE_CUDA
+    auto* c = reinterpret_cast<tutti::Comm*>(comm);
+    constexpr size_t kSlice = 128;
+    std::vector<uint8_t> gathered(size_t(size) * kSlice, 0);
+    for (size_t i = 0; i < kSlice; ++i) gathered[size_t(rank) * kSlice + i] = uint8_t(rank * 7 + i);
+    std::shared_future<tutti::Status> work =
+        std::async(std::launch::async, [&] {
+          if (rank == 0) usleep(300 * 1000);
+          return c->bootstrap()->allGather(gathered.data(), kSlice);
+        }).share();
+    c->adoptHelper(work);
+    cudaStream_t s = nullptr;
+    float* d = nullptr;
+    const size_t count = 1024;
+    if (int rc = deviceFilled(count, float(rank + 1), &s, &d)) return rc;
+    if (ncclAllReduce(d, d, count, ncclFloat, ncclSum, comm, s) != ncclSuccess)
+      return failWith("the all-reduce", comm);
+    const bool summed = deviceHolds(d, count, float(size * (size + 1) / 2), s, "the all-reduce");
+    const tutti::Status gatheredOk = work.get();
+    int bad = 0;
+    for (int r = 0; r < size; ++r) {
+      for (size_t i = 0; i < kSlice; ++i)
+        bad += gathered[size_t(r) * kSlice + i] != uint8_t(r * 7 + i);
+    }
+    printf("ringshare: all-gather %s, %d bytes wrong; all-reduce %s\n",
+           gatheredOk.ok() ? "ok" : gatheredOk.message().c_str(), bad, summed ? "right" : "wrong");
+    if (!gatheredOk.ok() || bad != 0 || !summed) return 1;
+    cudaFree(d);
+    cudaStreamDestroy(s);
 #else
     fprintf(stderr, "this build has no CUDA\n");
     return 1;
