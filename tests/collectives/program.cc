@@ -10,7 +10,8 @@
 
 namespace tutti::test {
 
-std::vector<ProgramStep> randomProgram(int nranks, size_t fifoBytes, uint32_t seed, int length) {
+std::vector<ProgramStep> randomProgram(int nranks, size_t fifoBytes, uint32_t seed, int length,
+                                       bool hostSteps) {
   std::mt19937 rng(seed);  // its sequence is fixed by the standard: the same on every rank
   auto pick = [&](size_t n) { return size_t(rng() % n); };
   // 0; one element; LL's lines and the gathered all-reduce (up to 4 KiB); several LL slots;
@@ -35,6 +36,7 @@ std::vector<ProgramStep> randomProgram(int nranks, size_t fifoBytes, uint32_t se
     s.group = left > 0 ? group : -1;
     if (left > 0) --left;
     s.stream = int(pick(2));
+    s.host = hostSteps && pick(5) == 0;
     program.push_back(s);
   }
   return program;
@@ -46,6 +48,7 @@ std::string describeProgram(const std::vector<ProgramStep>& program) {
     const ProgramStep& s = program[i];
     os << "#" << i << ": " << s.c.name() << ", stream " << s.stream;
     if (s.group >= 0) os << ", group " << s.group;
+    if (s.host) os << ", host";
     os << "\n";
   }
   return os.str();
@@ -117,7 +120,8 @@ std::vector<std::string> runProgram(const ProgramRun& run, const std::vector<Pro
   auto stepName = [&](size_t i) {
     const ProgramStep& s = program[i];
     return "step " + std::to_string(i) + " (stream " + std::to_string(s.stream) +
-           (s.group >= 0 ? ", group " + std::to_string(s.group) : std::string()) + ")";
+           (s.group >= 0 ? ", group " + std::to_string(s.group) : std::string()) +
+           (s.host ? ", host" : "") + ")";
   };
   auto rankName = [](const ProgramRank& r) { return "rank " + std::to_string(r.rank); };
   auto stream = [&](const ProgramRank& r, const ProgramStep& s) {
@@ -142,7 +146,8 @@ std::vector<std::string> runProgram(const ProgramRun& run, const std::vector<Pro
     const ProgramRank& pr = run.ranks[r];
     for (size_t i = 0; i < ns && err.empty(); ++i) {
       runs.emplace_back(new CaseRun(pr.rank, run.nranks, program[i].c));
-      err = runs.back()->prepare(pr.comm, Memory::kDevice, firstStream(pr), offsets[r * ns + i]);
+      err = runs.back()->prepare(pr.comm, program[i].host ? Memory::kHost : Memory::kDevice,
+                                 firstStream(pr), offsets[r * ns + i]);
       if (!err.empty()) err = rankName(pr) + ": " + err;
     }
     if (err.empty()) {

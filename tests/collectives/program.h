@@ -21,15 +21,18 @@ struct ProgramStep {
   Case c;
   int group;   // steps with the same group id >= 0 are queued in one ncclGroupStart/End
   int stream;  // 0 or 1: which of the rank's two streams
+  bool host;   // pageable host buffers (the CPU engine, after the stream's earlier work)
 };
 
 // The same program on every rank for the same arguments: `length` steps, every collective kind,
 // counts from 0 to past the FIFO (NCCL_BUFFSIZE = fifoBytes) and the small counts of LL and of
 // the gathered all-reduce, every dtype and op, in- and out-of-place, every root. Each case's
-// salt is distinct, so no two steps have the same inputs.
-std::vector<ProgramStep> randomProgram(int nranks, size_t fifoBytes, uint32_t seed, int length);
+// salt is distinct, so no two steps have the same inputs. hostSteps: about one step in five
+// on pageable host buffers (not in a graph: a capturing stream refuses them).
+std::vector<ProgramStep> randomProgram(int nranks, size_t fifoBytes, uint32_t seed, int length,
+                                       bool hostSteps = false);
 
-// One line per step ("#i: <case>, stream s, group g").
+// One line per step ("#i: <case>, stream s, group g, host").
 std::string describeProgram(const std::vector<ProgramStep>& program);
 
 // A rank a thread drives, and its two streams (cudaStream_t; the same twice where one stream is

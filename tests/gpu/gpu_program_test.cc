@@ -28,6 +28,7 @@ struct ProgramSetup {
   bool graph;         // captured into one graph per rank, launched once
   bool oneStream;     // both of a rank's streams are one (one thread: every rank's)
   bool oneThread;     // ncclCommInitAll, the GPU listed nranks times, one thread drives all
+  bool hostSteps;     // some steps on pageable host buffers (eager programs only)
   uint32_t seed;
   int length;
 };
@@ -36,8 +37,9 @@ void PrintTo(const ProgramSetup& s, std::ostream* os) {
   *os << s.nranks << " ranks, protocol " << (s.proto[0] ? s.proto : "auto") << ", "
       << (s.p2pDisabled ? "mapped host memory" : "GPU memory") << " FIFOs, "
       << (s.graph ? "graph" : "eager") << ", " << (s.oneStream ? "one stream" : "two streams")
-      << ", " << (s.oneThread ? "one thread" : "a thread per rank") << ", seed " << s.seed << ", "
-      << s.length << " steps";
+      << ", " << (s.oneThread ? "one thread" : "a thread per rank")
+      << (s.hostSteps ? ", host buffers too" : "") << ", seed " << s.seed << ", " << s.length
+      << " steps";
 }
 
 std::string programName(const ::testing::TestParamInfo<ProgramSetup>& info) {
@@ -45,7 +47,7 @@ std::string programName(const ::testing::TestParamInfo<ProgramSetup>& info) {
   return std::to_string(s.nranks) + "ranks_" + (s.proto[0] ? s.proto : "auto") +
          (s.p2pDisabled ? "_mapped" : "_p2p") + (s.graph ? "_graph" : "_eager") +
          (s.oneStream ? "_1stream" : "_2streams") + (s.oneThread ? "_1thread" : "_threads") +
-         "_seed" + std::to_string(s.seed);
+         (s.hostSteps ? "_host" : "") + "_seed" + std::to_string(s.seed);
 }
 
 class GpuPrograms : public ::testing::TestWithParam<ProgramSetup> {};
@@ -66,7 +68,8 @@ TEST_P(GpuPrograms, QueuedOperationsEachMatchTheOracle) {
   const char* lengthEnv = getenv("TUTTI_PROGRAM_LENGTH");
   const uint32_t seed = seedEnv && *seedEnv ? uint32_t(strtoul(seedEnv, nullptr, 0)) : s.seed;
   const int length = lengthEnv && *lengthEnv ? atoi(lengthEnv) : s.length;
-  const std::vector<ProgramStep> program = randomProgram(s.nranks, kFifoBytes, seed, length);
+  const std::vector<ProgramStep> program =
+      randomProgram(s.nranks, kFifoBytes, seed, length, s.hostSteps);
   std::vector<std::string> failures;
   auto makeStreams = [&](void* streams[2]) {
     for (int k = 0; k < (s.oneStream ? 1 : 2); ++k) {
@@ -126,16 +129,16 @@ TEST_P(GpuPrograms, QueuedOperationsEachMatchTheOracle) {
 
 // Every value of every axis at least once: 2 to 8 ranks, each protocol and the automatic
 // choice, both kinds of FIFO memory, eager and captured, one stream and two, a thread per rank
-// and one thread for all.
-INSTANTIATE_TEST_SUITE_P(Ranks, GpuPrograms,
-                         ::testing::Values(ProgramSetup{2, "", true, false, false, false, 1, 48},
-                                           ProgramSetup{3, "LL", false, false, false, false, 2, 48},
-                                           ProgramSetup{4, "", false, false, false, true, 3, 48},
-                                           ProgramSetup{4, "Simple", false, true, false, false, 4,
-                                                        32},
-                                           ProgramSetup{5, "", false, true, true, false, 5, 32},
-                                           ProgramSetup{6, "LL", true, true, false, true, 6, 32},
-                                           ProgramSetup{8, "", false, false, true, true, 7, 32}),
-                         programName);
+// and one thread for all, with and without steps on host buffers.
+INSTANTIATE_TEST_SUITE_P(
+    Ranks, GpuPrograms,
+    ::testing::Values(ProgramSetup{2, "", true, false, false, false, true, 1, 48},
+                      ProgramSetup{3, "LL", false, false, false, false, false, 2, 48},
+                      ProgramSetup{4, "", false, false, false, true, true, 3, 48},
+                      ProgramSetup{4, "Simple", false, true, false, false, false, 4, 32},
+                      ProgramSetup{5, "", false, true, true, false, false, 5, 32},
+                      ProgramSetup{6, "LL", true, true, false, true, false, 6, 32},
+                      ProgramSetup{8, "", false, false, true, true, false, 7, 32}),
+    programName);
 
 }  // namespace

@@ -113,15 +113,15 @@ TEST(GpuProcesses, MatrixOnDeviceBuffersWithFourProcessesOnOneGpu) {
 }
 
 // Queued programs (collectives/program.h) with ranks as processes on the one GPU: FIFOs over
-// CUDA IPC, eagerly on two streams each, and captured into a graph.
+// CUDA IPC, eagerly on two streams each (some steps on host buffers), and captured into a graph.
 TEST(GpuProcesses, QueuedProgramsWithThreeProcessesOnOneGpu) {
   SKIP_WITHOUT_GPU();
   for (const char* graph : {"0", "1"}) {
     RunResult r = runShell(std::string("NCCL_BUFFSIZE=8192 TUTTI_LL_SLOT_BYTES=1024 "
                                        "TUTTI_DEV_CHANNEL_BYTES=4096 TUTTI_TIMEOUT=60 "
-                                       "TUTTI_PROGRAM_SEED=11 TUTTI_PROGRAM_GRAPH=") +
-                           graph + " " + TUTTI_RUN_BIN + " -n 3 " + TUTTI_TEST_RANK_BIN +
-                           " program-device 2>&1");
+                                       "TUTTI_PROGRAM_SEED=11 TUTTI_PROGRAM_HOST=") +
+                           (graph[0] == '0' ? "1" : "0") + " TUTTI_PROGRAM_GRAPH=" + graph + " " +
+                           TUTTI_RUN_BIN + " -n 3 " + TUTTI_TEST_RANK_BIN + " program-device 2>&1");
     EXPECT_EQ(r.exitCode, 0) << "graph " << graph << ": " << r.output;
     EXPECT_NE(r.output.find("steps passed on rank 2"), std::string::npos) << r.output;
   }

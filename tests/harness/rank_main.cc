@@ -6,7 +6,8 @@
 //   coll-device  the same on GPU buffers, on a stream of this rank's own
 //   program-device  a queued program on GPU buffers (collectives/program.h; NCCL_BUFFSIZE as
 //                for coll): TUTTI_PROGRAM_SEED (1), TUTTI_PROGRAM_LENGTH (40) steps on two
-//                streams of this rank's own, captured into a graph with TUTTI_PROGRAM_GRAPH=1
+//                streams of this rank's own, captured into a graph with TUTTI_PROGRAM_GRAPH=1,
+//                some steps on pageable host buffers with TUTTI_PROGRAM_HOST=1
 //   loop         init, then AllReduce 4 MiB again and again until one fails (a peer was
 //                killed): prints "survivor: <result>: <message>" and exits 0 when the error
 //                is ncclRemoteError and ncclCommGetAsyncError agrees, else 1
@@ -204,9 +205,11 @@ int main(int argc, char** argv) {
     const char* seed = getenv("TUTTI_PROGRAM_SEED");
     const char* length = getenv("TUTTI_PROGRAM_LENGTH");
     const char* graph = getenv("TUTTI_PROGRAM_GRAPH");
-    const std::vector<tutti::test::ProgramStep> program = tutti::test::randomProgram(
-        size, buff ? strtoull(buff, nullptr, 0) : (1u << 20),
-        seed ? uint32_t(strtoul(seed, nullptr, 0)) : 1, length ? atoi(length) : 40);
+    const char* host = getenv("TUTTI_PROGRAM_HOST");
+    const std::vector<tutti::test::ProgramStep> program =
+        tutti::test::randomProgram(size, buff ? strtoull(buff, nullptr, 0) : (1u << 20),
+                                   seed ? uint32_t(strtoul(seed, nullptr, 0)) : 1,
+                                   length ? atoi(length) : 40, host && atoi(host) == 1);
     tutti::test::ProgramRank pr{comm, rank, {nullptr, nullptr}};
     for (void*& st : pr.streams) {
       if (cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(&st), cudaStreamNonBlocking) !=
