@@ -288,30 +288,64 @@ Status Comm::wait() {
   return Status(c, asyncMessage());
 }
 
-void Comm::adoptHelper(std::shared_future<Status> work) {
-  std::lock_guard<std::mutex> lock(mu_);
-  helpers_.push_back(std::move(work));
-  helpersPending_.store(true, std::memory_order_release);
+namespace {
+
+// Waits for the futures in *list (copied under mu, waited for without it: the work may report
+// through the communicator), then drops the ended ones; one added meanwhile stays, and keeps
+// *pending up.
+// Drops the ended futures of *list (under the communicator's mu_).
+template <typename T>
+void dropEnded(std::vector<std::shared_future<T>>* list) {
+  list->erase(std::remove_if(list->begin(), list->end(),
+                             [](const std::shared_future<T>& f) {
+                               return f.wait_for(std::chrono::seconds(0)) ==
+                                      std::future_status::ready;
+                             }),
+              list->end());
 }
 
-void Comm::waitHelpers() {
-  if (!helpersPending_.load(std::memory_order_acquire)) return;
-  std::vector<std::shared_future<Status>> pending;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending = helpers_;
-  }
-  for (auto& h : pending) h.wait();  // without mu_: a helper may report through this comm
-  std::lock_guard<std::mutex> lock(mu_);
-  // Ended ones go; one adopted meanwhile stays, and keeps the flag up.
-  helpers_.erase(std::remove_if(helpers_.begin(), helpers_.end(),
-                                [](const std::shared_future<Status>& h) {
-                                  return h.wait_for(std::chrono::seconds(0)) ==
-                                         std::future_status::ready;
-                                }),
-                 helpers_.end());
-  helpersPending_.store(!helpers_.empty(), std::memory_order_release);
+// Adds f to *list, dropping the ended ones (a communicator split thousands of times, that
+// never waits for them, keeps few).
+template <typename T>
+void adopt(std::mutex& mu, std::vector<std::shared_future<T>>* list, std::atomic<bool>* pending,
+           std::shared_future<T> f) {
+  std::lock_guard<std::mutex> lock(mu);
+  dropEnded(list);
+  list->push_back(std::move(f));
+  pending->store(true, std::memory_order_release);
 }
+
+// Waits for the futures in *list (copied under mu, waited for without it: the work may report
+// through the communicator), then drops the ended ones; one added meanwhile stays, and keeps
+// *pending up.
+template <typename T>
+void waitAdopted(std::mutex& mu, std::vector<std::shared_future<T>>* list,
+                 std::atomic<bool>* pending) {
+  if (!pending->load(std::memory_order_acquire)) return;
+  std::vector<std::shared_future<T>> copy;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    copy = *list;
+  }
+  for (auto& f : copy) f.wait();
+  std::lock_guard<std::mutex> lock(mu);
+  dropEnded(list);
+  pending->store(!list->empty(), std::memory_order_release);
+}
+
+}  // namespace
+
+void Comm::adoptHelper(std::shared_future<Status> work) {
+  adopt(mu_, &helpers_, &helpersPending_, std::move(work));
+}
+
+void Comm::waitHelpers() { waitAdopted(mu_, &helpers_, &helpersPending_); }
+
+void Comm::adoptRingUser(std::shared_future<void> done) {
+  adopt(mu_, &ringUsers_, &ringUsersPending_, std::move(done));
+}
+
+void Comm::waitRingUsers() { waitAdopted(mu_, &ringUsers_, &ringUsersPending_); }
 
 namespace registry {
 namespace {

@@ -61,12 +61,15 @@ class Comm {
   // belongs, not here). A device operation of a communicator whose ranks share a GPU as
   // threads calls it first: a non-blocking split's new communicators make their GPU links in
   // the background, which may wait for the whole GPU, and this operation's kernel would wait
-  // for the ranks making them (DeviceEngine::connectAtCreation). So does, on any communicator,
-  // the first GPU collective, whose ring links end with a barrier on the bootstrap ring: a
-  // non-blocking split's exchange is two all-gathers on that ring, from its helper thread, and
-  // all-gathers of one ring that two ranks run in different orders read each other's bytes
-  // (the split's ids came out shifted by the barrier's). One atomic load when none.
+  // for the ranks making them (DeviceEngine::connectAtCreation). One atomic load when none.
   void waitHelpers();
+  // Background work's use of the bootstrap ring (a non-blocking split's exchange: two
+  // all-gathers from its helper thread): `done` is ready once it no longer uses the ring. The
+  // first GPU collective, whose ring links end with a barrier on that ring, waits for it first
+  // (waitRingUsers): all-gathers of one ring that two ranks run in different orders read each
+  // other's bytes (a split's ids came out shifted by the barrier's). One atomic load when none.
+  void adoptRingUser(std::shared_future<void> done);
+  void waitRingUsers();
 
   State state() const { return state_.load(std::memory_order_acquire); }
   void markFinalized() { state_.store(State::kFinalized, std::memory_order_release); }
@@ -161,6 +164,8 @@ class Comm {
   std::thread worker_;
   std::vector<std::shared_future<Status>> helpers_;  // guarded by mu_
   std::atomic<bool> helpersPending_{false};          // helpers_ may hold unfinished work
+  std::vector<std::shared_future<void>> ringUsers_;  // guarded by mu_
+  std::atomic<bool> ringUsersPending_{false};        // ringUsers_ may hold unfinished ones
   std::atomic<uint64_t> nextSplitTicket_{0};
   uint64_t splitTurn_ = 0;             // guarded by mu_
   std::set<uint64_t> abandonedTurns_;  // guarded by mu_: aborted before their turn came

@@ -259,11 +259,16 @@ void DeviceEngine::warnTooFewResidentBlocks(int resident) const {
 }
 
 Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {
-  // Where ranks share a GPU as threads, every GPU operation; elsewhere the collective that
-  // ends with the ring's first barrier (connect) waits for the splits adopted on the parent
-  // (Comm::waitHelpers says why).
-  if (comm_.threadsShareGpu() || !ringConnected_.load(std::memory_order_relaxed))
+  // Where ranks share a GPU as threads, every GPU operation waits for the splits adopted on
+  // the communicator (Comm::waitHelpers says why); elsewhere the collective whose links end
+  // with the ring's first barrier (connect) waits for their exchanges on the ring
+  // (Comm::waitRingUsers).
+  if (comm_.threadsShareGpu()) {
     comm_.waitHelpers();
+  } else if (!ringConnected_.load(std::memory_order_relaxed) &&
+             devplan::usesRing(comm_.nranks(), ops, nops)) {
+    comm_.waitRingUsers();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   DeviceGuard guard(comm_.cudaDev());
   // The first operation makes streams, pinned words and FIFOs (cudaMalloc, IPC, host
@@ -298,7 +303,7 @@ Status DeviceEngine::connect(const devplan::Config& cfg, const CollArgs* ops, si
       sendsOrReceives = ops[i].kind == CollKind::kSend || ops[i].kind == CollKind::kRecv;
     if (!sendsOrReceives && cfg.connectAllChannels) return Status::Ok();
   }
-  const bool ringNew = devplan::usesRing(cfg, ops, nops) && !ringConnected_;
+  const bool ringNew = devplan::usesRing(cfg.nranks, ops, nops) && !ringConnected_;
   std::vector<int> made;
   TUTTI_TRY(links_->ensure(devplan::linkNeeds(cfg, ops, nops), &made));
   Bootstrap* b = comm_.bootstrap();

@@ -114,9 +114,9 @@ std::vector<LinkNeed> linkNeeds(const Config& cfg, const CollArgs* ops, size_t n
   return needs;
 }
 
-bool usesRing(const Config& cfg, const CollArgs* ops, size_t nops) {
+bool usesRing(int nranks, const CollArgs* ops, size_t nops) {
   for (size_t i = 0; i < nops; ++i)
-    if (!p2p(ops[i].kind) && cfg.nranks > 1) return true;
+    if (!p2p(ops[i].kind) && nranks > 1) return true;
   return false;
 }
 

@@ -80,7 +80,7 @@ struct Plan {
 // The links the operations need: the ring's on each channel, and one per send/recv peer.
 std::vector<LinkNeed> linkNeeds(const Config& cfg, const CollArgs* ops, size_t n);
 // Whether the operations include a collective that uses ring links (every rank has one).
-bool usesRing(const Config& cfg, const CollArgs* ops, size_t n);
+bool usesRing(int nranks, const CollArgs* ops, size_t n);
 
 // A group's sends and receives to other ranks run by round (the ranks d apart: a send to
 // rank + d, a receive from rank - d), in launches of whole rounds of at most dev::kMaxP2pOps

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <future>
+#include <memory>
 
 #include "runtime/bootstrap_root.h"
 #include "runtime/env.h"
@@ -83,9 +85,21 @@ Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key, bool* exchange
 // another (a NOCOLOR rank's next collective on the parent, say) before every child's are made.
 // (A non-blocking split returns first: the parent's next GPU operation waits for it to end,
 // Comm::waitHelpers.)
+// ringDone (where not null) is set once the split no longer uses the parent's bootstrap ring
+// (Comm::adoptRingUser): after the exchange, or where ranks share a GPU as threads after the
+// barrier; however this returns.
 Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
                 const std::atomic<bool>* childAbort,
-                const std::function<Status(const SplitPlan&)>& child) {
+                const std::function<Status(const SplitPlan&)>& child,
+                std::promise<void>* ringDone = nullptr) {
+  struct RingDone {
+    std::promise<void>* p;
+    void set() {
+      if (p) p->set_value();
+      p = nullptr;
+    }
+    ~RingDone() { set(); }
+  } ring{ringDone};
   TUTTI_TRY(parent->waitSplitTurn(ticket, childAbort).withContext("split"));
   struct Turn {  // ended however this returns (an exception from the child's creation too)
     Comm* parent;
@@ -93,6 +107,7 @@ Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
   } turn{parent};
   bool exchanged = false;
   Result<SplitPlan> plan = exchangeSplit(parent, color, key, &exchanged);
+  if (!parent->threadsShareGpu()) ring.set();
   Status s = plan.status();
   if (s.ok() && child) s = child(plan.value());
   // Every rank that completed the exchange comes here, a child's failure or not (its peers
@@ -176,9 +191,11 @@ Result<Started> splitComm(Comm* parent, int color, int key, CommConfig config) {
       TUTTI_TRY(runSplit(parent, ticket, color, key, nullptr, nullptr));
       return Started{nullptr, false, {}};
     }
+    auto ring = std::make_shared<std::promise<void>>();
+    parent->adoptRingUser(ring->get_future().share());
     std::shared_future<Status> done =
-        std::async(std::launch::async, [parent, ticket, color, key]() -> Status {
-          Status s = runSplit(parent, ticket, color, key, nullptr, nullptr);
+        std::async(std::launch::async, [parent, ticket, color, key, ring]() -> Status {
+          Status s = runSplit(parent, ticket, color, key, nullptr, nullptr, ring.get());
           parent->setAsyncError(s);  // nobody else will hear of it
           return s;
         }).share();
@@ -187,14 +204,23 @@ Result<Started> splitComm(Comm* parent, int color, int key, CommConfig config) {
     return Started{nullptr, false, done};
   }
   auto* comm = new Comm(-1, 0, parent->cudaDev(), std::move(config));
-  Result<Started> started = launch(comm, [comm, parent, ticket, color, key]() -> Status {
-    return runSplit(parent, ticket, color, key, comm->abortFlag(), [comm](const SplitPlan& plan) {
-      comm->setIdentity(plan.rank, plan.nranks);
-      return comm->init(plan.id);
-    });
+  auto ring = std::make_shared<std::promise<void>>();
+  std::shared_future<void> ringDone = ring->get_future().share();
+  Result<Started> started = launch(comm, [comm, parent, ticket, color, key, ring]() -> Status {
+    return runSplit(
+        parent, ticket, color, key, comm->abortFlag(),
+        [comm](const SplitPlan& plan) {
+          comm->setIdentity(plan.rank, plan.nranks);
+          return comm->init(plan.id);
+        },
+        ring.get());
   });
-  // The parent must outlive the exchange its child runs on it: it waits for it when freed.
-  if (started.ok() && started.value().done.valid()) parent->adoptHelper(started.value().done);
+  // The parent must outlive the exchange its child runs on it: it waits for it when freed; and
+  // its first GPU collective waits for the exchange (Comm::adoptRingUser).
+  if (started.ok() && started.value().done.valid()) {
+    parent->adoptRingUser(ringDone);
+    parent->adoptHelper(started.value().done);
+  }
   return started;
 }
 

@@ -185,10 +185,10 @@ TEST(GpuSplit, APipelinesFirstSendsBesideACollectiveAlreadyQueued) {
 
 // Ranks as processes, whose first collective on GPU buffers makes the ring's links and ends with
 // a barrier on the bootstrap ring, which a non-blocking split's exchange (two all-gathers, on
-// the split's helper thread) also uses. Work adopted by the communicator, as the split's is,
-// all-gathering on the ring 300 ms late on rank 0: the first collective waits for it (without
-// the wait, rank 0's barrier ran first and rank 1's the other way round, and both all-gathers
-// read the other's bytes: 128 of 128 wrong).
+// the split's helper thread) also uses. Work adopted by the communicator as a user of the ring
+// (Comm::adoptRingUser, as the split's exchange is), all-gathering a second late on rank 0: the
+// first collective waits for it (without the wait, rank 0's barrier ran first and rank 1's the
+// other way round, and both all-gathers read the other's bytes: 128 of 128 wrong).
 TEST(GpuProcesses, TheFirstCollectiveWaitsForWorkAdoptedOnTheBootstrapRing) {
   SKIP_WITHOUT_GPU();
   RunResult r = runShell(std::string("TUTTI_TIMEOUT=30 TUTTI_BOOTSTRAP_TIMEOUT=30 ") +

@@ -12,17 +12,17 @@
 //                killed): prints "survivor: <result>: <message>" and exits 0 when the error
 //                is ncclRemoteError and ncclCommGetAsyncError agrees, else 1
 //   splitbusy-device  a non-blocking ncclCommSplit (even and odd ranks), and at once the
-//                parent's first all-reduce on GPU buffers (odd ranks 1 s later: the even
-//                ranks' split exchange waits for them on the parent's bootstrap ring, which
-//                the all-reduce's first use of the ring must not cut into). Prints
+//                parent's first all-reduce on GPU buffers (rank 2 a second later: the other
+//                ranks' split exchange waits for it on the parent's bootstrap ring, which the
+//                all-reduce's first use of the ring must not cut into). Prints
 //                "splitbusy: ..." and exits 0 when the all-reduce's sum and the new
 //                communicator's rank, size and all-reduce are right
-//   ringshare-device  2 ranks: work adopted by the communicator (as a non-blocking split's
-//                exchange is) all-gathers 128 bytes a rank on the bootstrap ring, rank 0's
-//                300 ms late, while each rank's first all-reduce on GPU buffers makes the ring's
-//                links and ends with a barrier on that ring: rank 0's must wait for its
-//                adopted work. Prints "ringshare: ..." and exits 0 when the all-gather's bytes
-//                and the all-reduce's sum are right
+//   ringshare-device  2 ranks: work adopted by the communicator as a user of its bootstrap ring
+//                (Comm::adoptRingUser, as a non-blocking split's exchange is) all-gathers 128
+//                bytes a rank on the ring, rank 0's 1 s late, while each rank's first all-reduce
+//                on GPU buffers makes the ring's links and ends with a barrier on that ring:
+//                rank 0's must wait for the adopted work. Prints "ringshare: ..." and exits 0 when
+//                the all-gather's bytes and the all-reduce's sum are right
 //   peerexit-device  2 ranks on GPU buffers: one all-reduce together, then rank 1 exits
 //                (status 0, so tutti-run lets rank 0 go on) while rank 0's next kernel waits
 //                for it: prints "device survivor: ..." and exits 0 when that kernel stopped
@@ -271,23 +271,28 @@ int main(int argc, char** argv) {
   if (mode == "ringshare-device") {
 #ifdef TUTTI_HAVE_CUDA
     auto* c = reinterpret_cast<tutti::Comm*>(comm);
-    constexpr size_t kSlice = 128;
-    std::vector<uint8_t> gathered(size_t(size) * kSlice, 0);
-    for (size_t i = 0; i < kSlice; ++i) gathered[size_t(rank) * kSlice + i] = uint8_t(rank * 7 + i);
-    std::shared_future<tutti::Status> work =
-        std::async(std::launch::async, [&] {
-          if (rank == 0) usleep(300 * 1000);
-          return c->bootstrap()->allGather(gathered.data(), kSlice);
-        }).share();
-    c->adoptHelper(work);
     cudaStream_t s = nullptr;
     float* d = nullptr;
     const size_t count = 1024;
     if (int rc = deviceFilled(count, float(rank + 1), &s, &d)) return rc;
+    constexpr size_t kSlice = 128;
+    std::vector<uint8_t> gathered(size_t(size) * kSlice, 0);
+    for (size_t i = 0; i < kSlice; ++i) gathered[size_t(rank) * kSlice + i] = uint8_t(rank * 7 + i);
+    tutti::Status gatheredOk;
+    std::shared_future<void> work = std::async(std::launch::async, [&] {
+                                      if (rank == 0) usleep(1000 * 1000);
+                                      gatheredOk =
+                                          c->bootstrap()->allGather(gathered.data(), kSlice);
+                                    }).share();
+    struct Join {  // on every return: the work writes into gathered
+      std::shared_future<void>& f;
+      ~Join() { f.wait(); }
+    } join{work};
+    c->adoptRingUser(work);
     if (ncclAllReduce(d, d, count, ncclFloat, ncclSum, comm, s) != ncclSuccess)
       return failWith("the all-reduce", comm);
     const bool summed = deviceHolds(d, count, float(size * (size + 1) / 2), s, "the all-reduce");
-    const tutti::Status gatheredOk = work.get();
+    work.wait();
     int bad = 0;
     for (int r = 0; r < size; ++r) {
       for (size_t i = 0; i < kSlice; ++i)
