@@ -28,7 +28,10 @@ Comm::Comm(int rank, int nranks, int cudaDev, CommConfig config)
 Comm::~Comm() {
   if (worker_.joinable()) worker_.join();
   if (root_) root_->stopAndWait();
-  for (auto& h : helpers_) h.wait();
+  // (A helper may adopt another meanwhile: a split's stand-in, runSplit.)
+  do {
+    waitHelpers();
+  } while (helpersPending_.load(std::memory_order_acquire));
   deviceEngine_.reset();  // waits for this comm's kernels: they use its FIFOs
   engine_.reset();
   links_.reset();
@@ -133,12 +136,17 @@ Result<RedOpSpec> Comm::resolveOp(int op, int dtype) const {
   return spec;
 }
 
-Status Comm::waitSplitTurn(uint64_t ticket, const std::atomic<bool>* alsoAbort) {
+Status Comm::waitSplitTurn(uint64_t ticket, const std::atomic<bool>* alsoAbort, bool* alsoAborted) {
+  *alsoAborted = false;
   std::unique_lock<std::mutex> lock(mu_);
   while (splitTurn_ != ticket) {
-    if (aborted() || (alsoAbort && alsoAbort->load())) {
+    if (aborted()) {
       // Give the turn up, so the splits queued behind this one are not left waiting for it.
       abandonedTurns_.insert(ticket);
+      return net::abortedStatus();
+    }
+    if (alsoAbort && alsoAbort->load()) {
+      *alsoAborted = true;
       return net::abortedStatus();
     }
     splitCv_.wait_for(lock, std::chrono::milliseconds(100));

@@ -111,8 +111,10 @@ class Comm {
   // Splits of this comm run their bootstrap exchanges in the order they were called, which
   // every rank shares, even when several run in the background at once.
   uint64_t takeSplitTicket() { return nextSplitTicket_.fetch_add(1); }
-  // Waits for the ticket's turn; fails if this comm or `alsoAbort` is aborted meanwhile.
-  Status waitSplitTurn(uint64_t ticket, const std::atomic<bool>* alsoAbort);
+  // Waits for the ticket's turn; fails if this comm or `alsoAbort` is aborted meanwhile. Where
+  // this comm was, the turn is given up (skipped when it comes); where only `alsoAbort` was,
+  // *alsoAborted says so and the turn is still the caller's to take (runSplit).
+  Status waitSplitTurn(uint64_t ticket, const std::atomic<bool>* alsoAbort, bool* alsoAborted);
   void endSplitTurn();
 
   // The root this comm's rank 0 hosts (NCCL_COMM_ID style); stopped when the comm ends.

@@ -88,19 +88,35 @@ Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key, bool* exchange
 // ringDone (where not null) is set once the split no longer uses the parent's bootstrap ring
 // (Comm::adoptRingUser): after the exchange, or where ranks share a GPU as threads after the
 // barrier; however this returns.
+// A child aborted before the split's turn came ends this at once, but the parent's other ranks
+// still run the exchange and wait for this rank in it: a thread of the parent's takes part in
+// its place, as a rank of no colour (so theirs forms without it), and the parent waits for that
+// thread as for any helper.
 Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
                 const std::atomic<bool>* childAbort,
                 const std::function<Status(const SplitPlan&)>& child,
-                std::promise<void>* ringDone = nullptr) {
+                std::shared_ptr<std::promise<void>> ringDone = nullptr) {
   struct RingDone {
-    std::promise<void>* p;
+    std::shared_ptr<std::promise<void>> p;
     void set() {
       if (p) p->set_value();
-      p = nullptr;
+      p.reset();
     }
     ~RingDone() { set(); }
-  } ring{ringDone};
-  TUTTI_TRY(parent->waitSplitTurn(ticket, childAbort).withContext("split"));
+  } ring{std::move(ringDone)};
+  bool childAborted = false;
+  if (Status t = parent->waitSplitTurn(ticket, childAbort, &childAborted); !t.ok()) {
+    if (childAborted) {
+      std::shared_future<Status> stand =
+          std::async(std::launch::async, [parent, ticket, key, r = std::move(ring.p)] {
+            Status s = runSplit(parent, ticket, -1, key, nullptr, nullptr, r);
+            parent->setAsyncError(s);  // (as a NOCOLOR rank's: nobody else will hear of it)
+            return s;
+          }).share();
+      parent->adoptHelper(stand);
+    }
+    return t.withContext("split");
+  }
   struct Turn {  // ended however this returns (an exception from the child's creation too)
     Comm* parent;
     ~Turn() { parent->endSplitTurn(); }
@@ -195,7 +211,7 @@ Result<Started> splitComm(Comm* parent, int color, int key, CommConfig config) {
     parent->adoptRingUser(ring->get_future().share());
     std::shared_future<Status> done =
         std::async(std::launch::async, [parent, ticket, color, key, ring]() -> Status {
-          Status s = runSplit(parent, ticket, color, key, nullptr, nullptr, ring.get());
+          Status s = runSplit(parent, ticket, color, key, nullptr, nullptr, ring);
           parent->setAsyncError(s);  // nobody else will hear of it
           return s;
         }).share();
@@ -213,7 +229,7 @@ Result<Started> splitComm(Comm* parent, int color, int key, CommConfig config) {
           comm->setIdentity(plan.rank, plan.nranks);
           return comm->init(plan.id);
         },
-        ring.get());
+        ring);
   });
   // The parent must outlive the exchange its child runs on it: it waits for it when freed; and
   // its first GPU collective waits for the exchange (Comm::adoptRingUser).

@@ -296,3 +296,54 @@ TEST(Comm, QueriesDuringAnAbortOnAnotherThreadAreAnsweredOrRefused) {
     EXPECT_EQ(ncclCommAbort(comms[1]), ncclSuccess);
   }
 }
+
+// A child aborted while its split still waits for an earlier split's turn: the abort returns at
+// once, and the parent's ranks still pair their later splits up (the aborted rank takes part in
+// the exchange it would have run, as a rank of no colour, so the others' new communicator forms
+// without it). Rank 1 comes late, so rank 0's second split waits behind its first.
+TEST(Comm, AChildAbortedBeforeItsSplitsTurnLeavesTheParentWhole) {
+  ScopedEnv timeout("TUTTI_BOOTSTRAP_TIMEOUT", "10");
+  const int n = 2;
+  auto comms = initThreads(n);
+  ncclConfig_t cfg = nonblockingConfig();
+  std::vector<std::string> fail(n);
+  std::vector<int> secondSize(n, -1), thirdSize(n, -1);
+  std::atomic<double> abortTook{-1};
+  onThreads(n, [&](int r) {
+    auto expect = [&](bool ok, const std::string& what) {
+      if (!ok && fail[r].empty()) fail[r] = what;
+      return ok;
+    };
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ncclComm_t first = nullptr, second = nullptr, third = nullptr;
+    ncclResult_t rc = ncclCommSplit(comms[r], 0, r, &first, &cfg);
+    if (!expect(rc == ncclSuccess || rc == ncclInProgress, "first split")) return;
+    rc = ncclCommSplit(comms[r], 0, r, &second, &cfg);
+    if (!expect(rc == ncclSuccess || rc == ncclInProgress, "second split")) return;
+    if (r == 0) {
+      const double start = now();
+      expect(ncclCommAbort(second) == ncclSuccess, "aborting the second child");
+      abortTook = secondsSince(start);
+      second = nullptr;
+    }
+    if (!expect(waitInitialized(first) == ncclSuccess, "first child")) return;
+    if (second) {
+      ncclResult_t state = waitInitialized(second);
+      if (state == ncclSuccess) ncclCommCount(second, &secondSize[r]);
+      ncclCommDestroy(second);
+    }
+    rc = ncclCommSplit(comms[r], 0, r, &third, nullptr);  // blocking
+    if (!expect(rc == ncclSuccess, std::string("third split: ") + ncclGetLastError(comms[r])))
+      return;
+    ncclCommCount(third, &thirdSize[r]);
+    ncclCommDestroy(third);
+    ncclCommDestroy(first);
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(fail[r], "") << "rank " << r;
+  EXPECT_GE(abortTook.load(), 0.0);
+  EXPECT_LT(abortTook.load(), 1.0);
+  EXPECT_EQ(secondSize[1], 1);  // rank 1 alone: rank 0 took part with no colour
+  EXPECT_EQ(thirdSize[0], 2);
+  EXPECT_EQ(thirdSize[1], 2);
+  destroyAll(comms);
+}
