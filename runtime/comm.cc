@@ -55,8 +55,10 @@ void Comm::pollDeviceErrors() {
 }
 
 void Comm::breakLinks() {
+  // The state first: links_ is made by init, perhaps on another thread (a non-blocking
+  // creation being aborted), and is only read once the state says init is over.
   State st = state();
-  if (links_ && (st == State::kReady || st == State::kFinalized)) links_->breakAll();
+  if ((st == State::kReady || st == State::kFinalized) && links_) links_->breakAll();
   DeviceEngine* d = madeDeviceEngine();
   if (d) d->breakLinks();
 }

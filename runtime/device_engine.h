@@ -137,6 +137,9 @@ class DeviceEngine {
   // threads sharing this GPU, not this communicator's) has a launch on this GPU that has not
   // ended 2 s later: a cudaFree would wait for it.
   bool othersBusyOnGpu(bool siblingsOnly) const;
+  // Whether ranks of this process share this GPU as threads (this communicator's, or another
+  // engine's here): then the destructor frees on a thread of its own (Reaper).
+  bool threadsShareGpuHere() const;
   // Joins the process's list of engines othersBusyOnGpu looks through (the destructor leaves).
   void listEngine();
   // What a timeout adds where ranks of this communicator share this GPU as threads: "" if none.

@@ -5,11 +5,17 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/comm.h"
@@ -61,6 +67,62 @@ bool finishedWithin(cudaStream_t stream, cudaEvent_t event, std::chrono::millise
   });
 }
 
+// Frees, in order, on a thread of its own (one per process, started when first needed, never
+// ended: what is still queued at the process's exit goes with it). cudaFree and its like wait
+// for the whole GPU; on a thread that is also a rank of another communicator whose ranks share
+// the GPU as threads, that wait could meet a sibling's kernel that waits for this very thread's
+// next call (a sibling that went on to the next collective at once): until TUTTI_TIMEOUT.
+// At the process's exit (an atexit handler, which runs before CUDA's own teardown, registered
+// earlier) it finishes what is queued, 5 s at most, and then stays idle.
+class Reaper {
+ public:
+  static void post(int device, std::function<void()> work) {
+    Reaper& r = get();
+    {
+      std::lock_guard<std::mutex> lock(r.mu_);
+      if (r.exiting_) return;  // (a destroy during the process's exit: left to it)
+      r.queue_.push_back({device, std::move(work)});
+    }
+    r.cv_.notify_all();
+  }
+
+ private:
+  static Reaper& get() {
+    static Reaper* r = new Reaper;  // never destroyed: its thread may outlive static destruction
+    return *r;
+  }
+  Reaper() {
+    std::thread([this] { run(); }).detach();
+    std::atexit([] { get().drain(); });
+  }
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return !queue_.empty() && !exiting_; });
+      std::pair<int, std::function<void()>> job = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      if (cudaSetDevice(job.first) == cudaSuccess) job.second();
+      cudaGetLastError();  // (this thread's own: nobody reads it)
+      job.second = nullptr;
+      lock.lock();
+      busy_ = false;
+      cv_.notify_all();
+    }
+  }
+  void drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(5), [this] { return queue_.empty() && !busy_; });
+    exiting_ = true;  // what is left stays to the process's end
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<int, std::function<void()>>> queue_;
+  bool busy_ = false;
+  bool exiting_ = false;
+};
+
 // Whether the event's last record has yet to complete (a failed query counts as done; its error
 // is cleared).
 bool eventPending(void* ev) {
@@ -96,13 +158,16 @@ DeviceEngine::~DeviceEngine() {
     // checks when the abort began).
     bool keep = aborted && (busyAtAbort_.load(std::memory_order_acquire) ||
                             launches_.load(std::memory_order_acquire) != launchesAtAbort_);
-    // Nor where another communicator's kernel is in flight on this GPU: cudaFree waits for
-    // the whole GPU, and that kernel may wait for a peer that this aborting thread was about
+    // Where ranks of this process share this GPU as threads, the memory is freed on a thread
+    // of its own (Reaper): cudaFree waits for the whole GPU, where a sibling's kernel may wait
+    // for this thread's next call (a sibling that went on to its next collective while this
+    // one destroys or aborts). Elsewhere, nor where another communicator's kernel is in
+    // flight on this GPU: that kernel may wait for a peer that this aborting thread was about
     // to abort next (a watchdog ending one communicator after another). In a destroy, only a
-    // kernel that may wait for a thread of this process counts: one of a communicator with
-    // ranks on threads sharing this GPU, whose kernel on it may wait for this rank's next call
-    // (any other kernel ends without this thread, and cudaFree waits for it as NCCL's does).
-    const bool othersBusy = !keep && othersBusyOnGpu(/*siblingsOnly=*/!aborted);
+    // kernel that may wait for a thread of this process counts (any other kernel ends without
+    // this thread, and cudaFree waits for it as NCCL's does).
+    const bool offThread = threadsShareGpuHere();
+    const bool othersBusy = !keep && !offThread && othersBusyOnGpu(/*siblingsOnly=*/!aborted);
     keep = keep || othersBusy;
     if (aborted) breakLinks();  // peers' kernels stop before anything is freed
     auto stream = static_cast<cudaStream_t>(stream_);
@@ -148,9 +213,6 @@ DeviceEngine::~DeviceEngine() {
     } else if (keep) {
       leave("aborted with GPU work in flight or failed, so peers' kernels may still use it");
     } else {
-      cudaFreeHost(abortHost_);
-      cudaFreeHost(errHost_.load());
-      cudaFree(errClaim_);
       // Idle here, but a peer process's kernel may still write into this rank's FIFOs: kept.
       const size_t kept = aborted && links_ ? links_->keepIfOtherProcessesWrite() : 0;
       if (kept > 0) {
@@ -161,8 +223,25 @@ DeviceEngine::~DeviceEngine() {
             "abort at the earliest), else its exit",
             comm_.rank(), kept);
       }
+      void* abortHost = abortHost_;
+      void* errHost = errHost_.load();
+      void* errClaim = errClaim_;
+      auto conns = std::make_shared<std::vector<std::unique_ptr<transport::Connection>>>(
+          links_ ? links_->takeConnections()
+                 : std::vector<std::unique_ptr<transport::Connection>>{});
+      auto free = [abortHost, errHost, errClaim, conns] {
+        cudaFreeHost(abortHost);
+        cudaFreeHost(errHost);
+        cudaFree(errClaim);
+        conns->clear();  // FIFOs and IPC handles: on this GPU too
+      };
+      if (offThread) {
+        Reaper::post(comm_.cudaDev(), std::move(free));
+      } else {
+        free();
+      }
     }
-    links_.reset();  // FIFOs and IPC handles: on this GPU too
+    links_.reset();
   }
   links_.reset();
 }
@@ -193,6 +272,16 @@ void DeviceEngine::noteAbort() {
     }
   }
   busyAtAbort_.store(busy, std::memory_order_release);
+}
+
+bool DeviceEngine::threadsShareGpuHere() const {
+  if (siblings_ > 0) return true;
+  EngineList& l = engineList();
+  std::lock_guard<std::mutex> lock(l.mu);
+  for (const DeviceEngine* e : l.engines) {
+    if (e != this && e->comm_.cudaDev() == comm_.cudaDev() && e->siblings_ > 0) return true;
+  }
+  return false;
 }
 
 bool DeviceEngine::othersBusyOnGpu(bool siblingsOnly) const {

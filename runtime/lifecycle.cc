@@ -91,7 +91,7 @@ Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key, bool* exchange
 // A child aborted before the split's turn came ends this at once, but the parent's other ranks
 // still run the exchange and wait for this rank in it: a thread of the parent's takes part in
 // its place, as a rank of no colour (so theirs forms without it), and the parent waits for that
-// thread as for any helper.
+// thread as for any helper. So for the barrier, where a child is aborted after the exchange.
 Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
                 const std::atomic<bool>* childAbort,
                 const std::function<Status(const SplitPlan&)>& child,
@@ -119,7 +119,10 @@ Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
   }
   struct Turn {  // ended however this returns (an exception from the child's creation too)
     Comm* parent;
-    ~Turn() { parent->endSplitTurn(); }
+    bool own = true;  // false: handed to the barrier's stand-in, which ends it
+    ~Turn() {
+      if (own) parent->endSplitTurn();
+    }
   } turn{parent};
   bool exchanged = false;
   Result<SplitPlan> plan = exchangeSplit(parent, color, key, &exchanged);
@@ -127,14 +130,32 @@ Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
   Status s = plan.status();
   if (s.ok() && child) s = child(plan.value());
   // Every rank that completed the exchange comes here, a child's failure or not (its peers
-  // wait here too; its own error comes first) -- but a rank whose new communicator is being
-  // aborted: ncclCommAbort must not wait for the other ranks' creations (they then wait here
-  // until their bootstrap deadline, and say so).
+  // wait here too; its own error comes first). A rank whose new communicator is being aborted
+  // must not wait here (ncclCommAbort would wait for the other ranks' creations, which may wait
+  // for this one's until their bootstrap deadline), but the others wait for it here: a thread
+  // of the parent's takes part in the barrier in its place, still in the split's turn (which it
+  // ends), and the parent's next GPU operation waits for it (Comm::waitHelpers).
   const bool aborting = childAbort && childAbort->load(std::memory_order_acquire);
-  if (exchanged && !aborting && parent->threadsShareGpu()) {
-    Status b = parent->bootstrap()->barrier().withContext(
-        "split: waiting for the parent's ranks to make their new communicators' GPU links");
-    if (s.ok()) s = b;
+  if (exchanged && parent->threadsShareGpu()) {
+    auto barrier = [parent] {
+      return parent->bootstrap()->barrier().withContext(
+          "split: waiting for the parent's ranks to make their new communicators' GPU links");
+    };
+    if (!aborting) {
+      Status b = barrier();
+      if (s.ok()) s = b;
+    } else {
+      turn.own = false;
+      std::shared_future<Status> stand =
+          std::async(std::launch::async, [parent, barrier, r = std::move(ring.p)] {
+            Status b = barrier();
+            parent->endSplitTurn();
+            if (r) r->set_value();
+            if (!b.ok()) parent->setAsyncError(b);  // (nobody else will hear of it)
+            return b;
+          }).share();
+      parent->adoptHelper(stand);
+    }
   }
   return s;
 }

@@ -206,6 +206,14 @@ void Links::breakAll() {
   for (auto& [n, c] : conns_) c->breakLink();
 }
 
+std::vector<std::unique_ptr<transport::Connection>> Links::takeConnections() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::unique_ptr<transport::Connection>> taken;
+  for (auto& [n, c] : conns_) taken.push_back(std::move(c));
+  conns_.clear();
+  return taken;
+}
+
 size_t Links::abandonAll() {
   std::lock_guard<std::mutex> lock(mu_);
   size_t bytes = 0;

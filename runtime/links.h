@@ -50,6 +50,9 @@ class Links {
   bool peerGone(int peer);
   // Every link's memory is left to the process's exit (Connection::abandon): the bytes.
   size_t abandonAll();
+  // Hands every link over (the caller frees them, on any thread: a connection needs nothing
+  // of the communicator to be freed); none is left.
+  std::vector<std::unique_ptr<transport::Connection>> takeConnections();
   // Memory that peers in other processes write into is kept a while, not freed with the links
   // (an abort; Connection::keepIfOtherProcessWrites): the bytes.
   size_t keepIfOtherProcessesWrite();

@@ -9,10 +9,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "collectives/lifecycle.h"
 #include "gpu/gpu_support.h"
 #include "harness/harness.h"
 
@@ -209,6 +212,71 @@ TEST(GpuProcesses, ANonBlockingSplitBesideTheParentsFirstCollective) {
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_NE(r.output.find("splitbusy: ok on rank " + std::to_string(rank)), std::string::npos)
         << r.output;
+  }
+}
+
+// Lifecycle programs (collectives/lifecycle.h) on GPU buffers: splits (blocking, non-blocking,
+// in a group), destroys and aborts of children beside all-reduces on the parent and on the
+// children, ranks as threads on the one GPU and, below, as processes.
+class GpuLifecycle : public ::testing::TestWithParam<std::pair<int, uint32_t>> {};
+
+TEST_P(GpuLifecycle, SplitsDestroysAndAbortsBesideCollectivesOnGpuBuffers) {
+  SKIP_WITHOUT_GPU();
+  const int n = GetParam().first;
+  const char* seedEnv = getenv("TUTTI_LIFECYCLE_SEED");  // (to try others by hand)
+  const uint32_t seed =
+      seedEnv && *seedEnv ? uint32_t(strtoul(seedEnv, nullptr, 0)) : GetParam().second;
+  ScopedEnv bootstrap("TUTTI_BOOTSTRAP_TIMEOUT", "30");
+  ScopedEnv timeout("TUTTI_TIMEOUT", "30");
+  const std::vector<LifecycleStep> steps = randomLifecycle(n, seed, 30);
+  // Buffers and streams first, on this thread: cudaMalloc may wait for the whole GPU.
+  std::vector<LifecycleDevice> dev(static_cast<size_t>(n));
+  for (LifecycleDevice& d : dev) {
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaMalloc(&d.device, kLifecycleMaxCount * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMallocHost(&d.pinned, kLifecycleMaxCount * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    d.stream = s;
+  }
+  ThreadRanks ranks(n);
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  ThreadBarrier barrier(n);
+  onThreads(n, [&](int r) {
+    errors[size_t(r)] = runLifecycle(
+        ranks.comms[size_t(r)], r, n, steps, [&] { barrier.wait(); }, &dev[size_t(r)]);
+  });
+  bool failed = false;
+  for (const std::string& e : errors) {
+    if (!e.empty()) ADD_FAILURE() << e;
+    failed = failed || !e.empty();
+  }
+  if (failed) ADD_FAILURE() << "the program (seed " << seed << "):\n" << describeLifecycle(steps);
+  cudaDeviceSynchronize();
+  for (LifecycleDevice& d : dev) {
+    cudaFree(d.device);
+    cudaFreeHost(d.pinned);
+    cudaStreamDestroy(static_cast<cudaStream_t>(d.stream));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, GpuLifecycle,
+                         ::testing::Values(std::pair<int, uint32_t>{2, 11},
+                                           std::pair<int, uint32_t>{3, 12},
+                                           std::pair<int, uint32_t>{4, 13}),
+                         [](const ::testing::TestParamInfo<std::pair<int, uint32_t>>& i) {
+                           return std::to_string(i.param.first) + "ranks_seed" +
+                                  std::to_string(i.param.second);
+                         });
+
+TEST(GpuProcesses, LifecycleProgramsWithThreeProcessesOnOneGpu) {
+  SKIP_WITHOUT_GPU();
+  for (const char* seed : {"21", "22"}) {
+    RunResult r = runShell(std::string("TUTTI_TIMEOUT=30 TUTTI_BOOTSTRAP_TIMEOUT=30 "
+                                       "TUTTI_LIFECYCLE_SEED=") +
+                           seed + " " + TUTTI_RUN_BIN + " -n 3 " + TUTTI_TEST_RANK_BIN +
+                           " lifecycle-device 2>&1");
+    EXPECT_EQ(r.exitCode, 0) << "seed " << seed << ": " << r.output;
+    EXPECT_NE(r.output.find("steps passed on rank 2"), std::string::npos) << r.output;
   }
 }
 

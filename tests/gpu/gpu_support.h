@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness/harness.h"
 #include "nccl.h"
 
 namespace tutti::test {
@@ -99,28 +100,6 @@ inline std::string runChildTest(const std::string& env, const std::string& test,
   *passed = pclose(p) == 0;
   return out;
 }
-
-// All rank threads meet here before going on.
-class ThreadBarrier {
- public:
-  explicit ThreadBarrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    const int gen = gen_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++gen_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return gen_ != gen; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_, arrived_ = 0, gen_ = 0;
-};
 
 #define SKIP_WITHOUT_GPU()                                  \
   do {                                                      \

@@ -21,7 +21,7 @@ namespace {
 // starts an all-reduce on B, whose kernel waits for rank 1; then both destroy A; then rank 1
 // joins the all-reduce. Had A's destroy freed its memory (cudaFree waits for the GPU), it would
 // have waited for B's kernel, which waits for rank 1's call after its destroy: a deadlock until
-// B's kernel gives up (TUTTI_TIMEOUT). A's memory is left to the process's exit instead.
+// B's kernel gives up (TUTTI_TIMEOUT). A's memory is freed on a thread of tutti's instead.
 TEST(GpuTeardown, ADestroyDoesNotWaitForAnotherCommunicatorsKernelThatWaitsForItsThread) {
   SKIP_WITHOUT_GPU();
   ScopedEnv timeout("TUTTI_TIMEOUT", "30");

@@ -1,7 +1,9 @@
 // Test harness: ranks as threads in this process, ranks as processes, environment scoping.
 #pragma once
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,28 @@ class ScopedEnv {
   std::string name_;
   bool had_;
   std::string old_;
+};
+
+// All rank threads meet here before going on.
+class ThreadBarrier {
+ public:
+  explicit ThreadBarrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int gen = gen_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return gen_ != gen; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_, arrived_ = 0, gen_ = 0;
 };
 
 ncclUniqueId makeId();

@@ -11,6 +11,9 @@
 //   loop         init, then AllReduce 4 MiB again and again until one fails (a peer was
 //                killed): prints "survivor: <result>: <message>" and exits 0 when the error
 //                is ncclRemoteError and ncclCommGetAsyncError agrees, else 1
+//   lifecycle-device  a lifecycle program on GPU buffers (collectives/lifecycle.h):
+//                TUTTI_LIFECYCLE_SEED (1), 30 steps; ranks meet before a child is destroyed or
+//                aborted by an all-reduce on the parent (host memory). Prints "lifecycle: ..."
 //   splitbusy-device  a non-blocking ncclCommSplit (even and odd ranks), and at once the
 //                parent's first all-reduce on GPU buffers (rank 2 a second later: the other
 //                ranks' split exchange waits for it on the parent's bootstrap ring, which the
@@ -57,6 +60,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/lifecycle.h"
 #include "collectives/matrix.h"
 #include "collectives/program.h"
 #ifdef TUTTI_HAVE_CUDA
@@ -227,6 +231,42 @@ int main(int argc, char** argv) {
       return 1;
     }
     printf("program: %zu steps passed on rank %d\n", program.size(), rank);
+#else
+    fprintf(stderr, "this build has no CUDA\n");
+    return 1;
+#endif
+  }
+  if (mode == "lifecycle-device") {
+#ifdef TUTTI_HAVE_CUDA
+    const char* seed = getenv("TUTTI_LIFECYCLE_SEED");
+    const std::vector<tutti::test::LifecycleStep> steps =
+        tutti::test::randomLifecycle(size, seed ? uint32_t(strtoul(seed, nullptr, 0)) : 1, 30);
+    tutti::test::LifecycleDevice dev{};
+    cudaStream_t s = nullptr;
+    if (cudaMalloc(&dev.device, tutti::test::kLifecycleMaxCount * sizeof(float)) != cudaSuccess ||
+        cudaMallocHost(&dev.pinned, tutti::test::kLifecycleMaxCount * sizeof(float)) !=
+            cudaSuccess ||
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+      fprintf(stderr, "CUDA set-up failed\n");
+      return 1;
+    }
+    dev.stream = s;
+    auto barrier = [&] {
+      float one = 1, sum = 0;
+      if (ncclAllReduce(&one, &sum, 1, ncclFloat, ncclSum, comm, nullptr) != ncclSuccess)
+        fprintf(stderr, "the barrier's all-reduce failed: %s\n", ncclGetLastError(comm));
+    };
+    const std::string err = tutti::test::runLifecycle(comm, rank, size, steps, barrier, &dev);
+    if (!err.empty()) {
+      fprintf(stderr, "%s\n", err.c_str());
+      if (rank == 0)
+        fprintf(stderr, "the program:\n%s", tutti::test::describeLifecycle(steps).c_str());
+      return 1;
+    }
+    printf("lifecycle: %zu steps passed on rank %d\n", steps.size(), rank);
+    cudaFree(dev.device);
+    cudaFreeHost(dev.pinned);
+    cudaStreamDestroy(s);
 #else
     fprintf(stderr, "this build has no CUDA\n");
     return 1;
