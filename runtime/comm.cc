@@ -156,6 +156,17 @@ Status Comm::waitSplitTurn(uint64_t ticket, const std::atomic<bool>* alsoAbort, 
   return Status::Ok();
 }
 
+void Comm::abandonSplitTurn(uint64_t ticket) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (splitTurn_ != ticket) {
+      abandonedTurns_.insert(ticket);
+      return;
+    }
+  }
+  endSplitTurn();
+}
+
 void Comm::endSplitTurn() {
   {
     std::lock_guard<std::mutex> lock(mu_);

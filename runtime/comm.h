@@ -116,6 +116,8 @@ class Comm {
   // *alsoAborted says so and the turn is still the caller's to take (runSplit).
   Status waitSplitTurn(uint64_t ticket, const std::atomic<bool>* alsoAbort, bool* alsoAborted);
   void endSplitTurn();
+  // Gives the ticket's turn up (ended now if it is the current one, else skipped when it comes).
+  void abandonSplitTurn(uint64_t ticket);
 
   // The root this comm's rank 0 hosts (NCCL_COMM_ID style); stopped when the comm ends.
   void setRoot(std::shared_ptr<RootControl> root) { root_ = std::move(root); }

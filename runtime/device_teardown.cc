@@ -8,7 +8,6 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -67,59 +66,62 @@ bool finishedWithin(cudaStream_t stream, cudaEvent_t event, std::chrono::millise
   });
 }
 
-// Frees, in order, on a thread of its own (one per process, started when first needed, never
-// ended: what is still queued at the process's exit goes with it). cudaFree and its like wait
-// for the whole GPU; on a thread that is also a rank of another communicator whose ranks share
-// the GPU as threads, that wait could meet a sibling's kernel that waits for this very thread's
-// next call (a sibling that went on to the next collective at once): until TUTTI_TIMEOUT.
-// At the process's exit (an atexit handler, which runs before CUDA's own teardown, registered
-// earlier) it finishes what is queued, 5 s at most, and then stays idle.
+// Frees on threads of their own, one per job (a job whose cudaFree waits for a kernel that
+// does not end soon holds up no other). cudaFree and its like wait for the whole GPU; on a
+// thread that is also a rank of another communicator whose ranks share the GPU as threads,
+// that wait could meet a sibling's kernel that waits for this very thread's next call (a
+// sibling that went on to the next collective at once): until TUTTI_TIMEOUT. At the process's
+// exit (an atexit handler, which runs before CUDA's own teardown, registered earlier) the jobs
+// under way get 5 s to end; a job posted after that, or whose GPU cannot be made current, is
+// left undone, its memory to the process's end (never freed on the posting thread).
 class Reaper {
  public:
   static void post(int device, std::function<void()> work) {
     Reaper& r = get();
+    auto* job = new std::function<void()>(std::move(work));
     {
       std::lock_guard<std::mutex> lock(r.mu_);
-      if (r.exiting_) return;  // (a destroy during the process's exit: left to it)
-      r.queue_.push_back({device, std::move(work)});
+      if (r.exiting_) return;  // (job leaked on purpose, and with it what it would free)
+      ++r.running_;
     }
-    r.cv_.notify_all();
+    try {
+      std::thread([&r, device, job] {
+        {
+          CaptureModeRelaxed relaxed;  // frees are forbidden while another thread captures
+          if (cudaSetDevice(device) == cudaSuccess) {
+            (*job)();
+            delete job;
+          }
+          cudaGetLastError();  // (this thread's own: nobody reads it)
+        }
+        r.ended();  // after this thread's last CUDA call: the exit's drain may go on
+      }).detach();
+    } catch (const std::exception&) {  // no thread: the memory stays to the process's end
+      r.ended();
+    }
   }
 
  private:
   static Reaper& get() {
-    static Reaper* r = new Reaper;  // never destroyed: its thread may outlive static destruction
+    static Reaper* r = new Reaper;  // never destroyed: its threads may outlive static destruction
     return *r;
   }
   Reaper() {
-    std::thread([this] { run(); }).detach();
     std::atexit([] { get().drain(); });
   }
-  void run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      cv_.wait(lock, [this] { return !queue_.empty() && !exiting_; });
-      std::pair<int, std::function<void()>> job = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      if (cudaSetDevice(job.first) == cudaSuccess) job.second();
-      cudaGetLastError();  // (this thread's own: nobody reads it)
-      job.second = nullptr;
-      lock.lock();
-      busy_ = false;
-      cv_.notify_all();
-    }
+  void ended() {
+    std::lock_guard<std::mutex> lock(mu_);
+    --running_;
+    cv_.notify_all();
   }
   void drain() {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(5), [this] { return queue_.empty() && !busy_; });
-    exiting_ = true;  // what is left stays to the process's end
+    cv_.wait_for(lock, std::chrono::seconds(5), [this] { return running_ == 0; });
+    exiting_ = true;
   }
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<int, std::function<void()>>> queue_;
-  bool busy_ = false;
+  int running_ = 0;
   bool exiting_ = false;
 };
 

@@ -107,13 +107,18 @@ Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
   bool childAborted = false;
   if (Status t = parent->waitSplitTurn(ticket, childAbort, &childAborted); !t.ok()) {
     if (childAborted) {
-      std::shared_future<Status> stand =
-          std::async(std::launch::async, [parent, ticket, key, r = std::move(ring.p)] {
-            Status s = runSplit(parent, ticket, -1, key, nullptr, nullptr, r);
-            parent->setAsyncError(s);  // (as a NOCOLOR rank's: nobody else will hear of it)
-            return s;
-          }).share();
-      parent->adoptHelper(stand);
+      try {
+        std::shared_future<Status> stand =
+            std::async(std::launch::async, [parent, ticket, key, r = ring.p] {
+              Status s = runSplit(parent, ticket, -1, key, nullptr, nullptr, r);
+              parent->setAsyncError(s);  // (as a NOCOLOR rank's: nobody else will hear of it)
+              return s;
+            }).share();
+        ring.p.reset();  // the stand-in's now
+        parent->adoptHelper(stand);
+      } catch (const std::exception&) {  // no thread: the turn is given up, as before
+        parent->abandonSplitTurn(ticket);
+      }
     }
     return t.withContext("split");
   }
@@ -145,16 +150,20 @@ Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
       Status b = barrier();
       if (s.ok()) s = b;
     } else {
-      turn.own = false;
-      std::shared_future<Status> stand =
-          std::async(std::launch::async, [parent, barrier, r = std::move(ring.p)] {
-            Status b = barrier();
-            parent->endSplitTurn();
-            if (r) r->set_value();
-            if (!b.ok()) parent->setAsyncError(b);  // (nobody else will hear of it)
-            return b;
-          }).share();
-      parent->adoptHelper(stand);
+      try {
+        std::shared_future<Status> stand =
+            std::async(std::launch::async, [parent, barrier, r = ring.p] {
+              Status b = barrier();
+              parent->endSplitTurn();
+              if (r) r->set_value();
+              if (!b.ok()) parent->setAsyncError(b);  // (nobody else will hear of it)
+              return b;
+            }).share();
+        turn.own = false;  // the stand-in's now, with the ring's promise
+        ring.p.reset();
+        parent->adoptHelper(stand);
+      } catch (const std::exception&) {  // no thread: the barrier is skipped, as before
+      }
     }
   }
   return s;
