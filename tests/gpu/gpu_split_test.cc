@@ -228,7 +228,9 @@ TEST_P(GpuLifecycle, SplitsDestroysAndAbortsBesideCollectivesOnGpuBuffers) {
       seedEnv && *seedEnv ? uint32_t(strtoul(seedEnv, nullptr, 0)) : GetParam().second;
   ScopedEnv bootstrap("TUTTI_BOOTSTRAP_TIMEOUT", "30");
   ScopedEnv timeout("TUTTI_TIMEOUT", "30");
-  const std::vector<LifecycleStep> steps = randomLifecycle(n, seed, 30);
+  const char* lengthEnv = getenv("TUTTI_LIFECYCLE_LENGTH");
+  const int length = lengthEnv && *lengthEnv ? atoi(lengthEnv) : 30;
+  const std::vector<LifecycleStep> steps = randomLifecycle(n, seed, length);
   // Buffers and streams first, on this thread: cudaMalloc may wait for the whole GPU.
   std::vector<LifecycleDevice> dev(static_cast<size_t>(n));
   for (LifecycleDevice& d : dev) {
