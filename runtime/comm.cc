@@ -311,9 +311,6 @@ Status Comm::wait() {
 
 namespace {
 
-// Waits for the futures in *list (copied under mu, waited for without it: the work may report
-// through the communicator), then drops the ended ones; one added meanwhile stays, and keeps
-// *pending up.
 // Drops the ended futures of *list (under the communicator's mu_).
 template <typename T>
 void dropEnded(std::vector<std::shared_future<T>>* list) {

@@ -73,8 +73,8 @@ class DeviceEngine {
   // default); more, and a pair's first send or receive makes them.
   static constexpr int kP2pLinksAtCreationMaxRanks = 16;
   // Makes the engine and the ring's GPU links on every channel, as the first collective would
-  // (and the links of sends and receives: kP2pLinksAtCreationMaxRanks);
-  // collective over the communicator. Called from its creation, every rank inside it, where
+  // (and the links of sends and receives: kP2pLinksAtCreationMaxRanks), collectively over the
+  // communicator. Called from its creation, every rank inside it, where
   // Comm::threadsShareGpu: making them at the first collective instead allocates device memory
   // (which may wait for the whole GPU) while another communicator's kernel may wait for this
   // very thread's next call -- a deadlock of ranks that share a GPU as threads.

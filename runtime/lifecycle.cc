@@ -4,6 +4,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <system_error>
 
 #include "runtime/bootstrap_root.h"
 #include "runtime/env.h"
@@ -73,6 +74,20 @@ struct SplitPlan {
   wire::UniqueId id{};
 };
 
+// Runs `work` on a thread of its own, adopted by the parent (which waits for it when freed); a
+// failure is the parent's asynchronous error (nobody else will hear of it). Throws
+// std::system_error, having adopted nothing, where no thread can start.
+std::shared_future<Status> runForParent(Comm* parent, std::function<Status()> work) {
+  std::shared_future<Status> done =
+      std::async(std::launch::async, [parent, work = std::move(work)] {
+        Status s = work();
+        parent->setAsyncError(s);
+        return s;
+      }).share();
+  parent->adoptHelper(done);
+  return done;
+}
+
 // *exchanged: whether both of the parent's all-gathers completed (then every rank of the
 // parent got as far, whatever the plan says).
 Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key, bool* exchanged);
@@ -108,15 +123,11 @@ Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
   if (Status t = parent->waitSplitTurn(ticket, childAbort, &childAborted); !t.ok()) {
     if (childAborted) {
       try {
-        std::shared_future<Status> stand =
-            std::async(std::launch::async, [parent, ticket, key, r = ring.p] {
-              Status s = runSplit(parent, ticket, -1, key, nullptr, nullptr, r);
-              parent->setAsyncError(s);  // (as a NOCOLOR rank's: nobody else will hear of it)
-              return s;
-            }).share();
-        ring.p.reset();  // the stand-in's now
-        parent->adoptHelper(stand);
-      } catch (const std::exception&) {  // no thread: the turn is given up, as before
+        runForParent(parent, [parent, ticket, key, r = ring.p] {
+          return runSplit(parent, ticket, -1, key, nullptr, nullptr, r);
+        });
+        ring.p.reset();                     // the stand-in's now
+      } catch (const std::system_error&) {  // no thread: the turn is given up, as before
         parent->abandonSplitTurn(ticket);
       }
     }
@@ -151,18 +162,15 @@ Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
       if (s.ok()) s = b;
     } else {
       try {
-        std::shared_future<Status> stand =
-            std::async(std::launch::async, [parent, barrier, r = ring.p] {
-              Status b = barrier();
-              parent->endSplitTurn();
-              if (r) r->set_value();
-              if (!b.ok()) parent->setAsyncError(b);  // (nobody else will hear of it)
-              return b;
-            }).share();
+        runForParent(parent, [parent, barrier, r = ring.p] {
+          Status b = barrier();
+          parent->endSplitTurn();
+          if (r) r->set_value();
+          return b;
+        });
         turn.own = false;  // the stand-in's now, with the ring's promise
         ring.p.reset();
-        parent->adoptHelper(stand);
-      } catch (const std::exception&) {  // no thread: the barrier is skipped, as before
+      } catch (const std::system_error&) {  // no thread: the barrier is skipped, as before
       }
     }
   }
@@ -239,13 +247,9 @@ Result<Started> splitComm(Comm* parent, int color, int key, CommConfig config) {
     }
     auto ring = std::make_shared<std::promise<void>>();
     parent->adoptRingUser(ring->get_future().share());
-    std::shared_future<Status> done =
-        std::async(std::launch::async, [parent, ticket, color, key, ring]() -> Status {
-          Status s = runSplit(parent, ticket, color, key, nullptr, nullptr, ring);
-          parent->setAsyncError(s);  // nobody else will hear of it
-          return s;
-        }).share();
-    parent->adoptHelper(done);
+    std::shared_future<Status> done = runForParent(parent, [parent, ticket, color, key, ring] {
+      return runSplit(parent, ticket, color, key, nullptr, nullptr, ring);
+    });
     if (group::active()) group::defer(done, config.blocking);
     return Started{nullptr, false, done};
   }

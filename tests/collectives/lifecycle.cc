@@ -1,34 +1,19 @@
 #include "collectives/lifecycle.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <sstream>
-#include <thread>
 
+#include "harness/harness.h"
 #ifdef TUTTI_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
 namespace tutti::test {
 namespace {
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// A non-blocking communicator's state once it left ncclInProgress (20 s at most).
-ncclResult_t waitReady(ncclComm_t comm) {
-  ncclResult_t state = ncclInProgress;
-  for (int i = 0; i < 2000 && state == ncclInProgress; ++i) {
-    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInvalidArgument;
-    if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return state;
-}
 
 const char* name(StepKind k) {
   static const char* kNames[] = {"parent all-reduce", "split", "child all-reduce", "destroy child",
@@ -208,7 +193,7 @@ std::string runLifecycle(ncclComm_t parent, int r, int n, const std::vector<Life
   // Waits for a non-blocking child and checks its rank and size, once.
   auto ready = [&](Held& h, size_t i) -> std::string {
     if (h.checked) return "";
-    if (ncclResult_t st = waitReady(h.comm); st != ncclSuccess)
+    if (ncclResult_t st = waitInitialized(h.comm, 20); st != ncclSuccess)
       return fail(i, "the child of step " + std::to_string(i) + " did not form", h.comm);
     int rank = -1, size = 0;
     ncclCommUserRank(h.comm, &rank);
@@ -283,8 +268,9 @@ std::string runLifecycle(ncclComm_t parent, int r, int n, const std::vector<Life
         if (!h.comm) break;
         const double start = now();
         if (ncclCommAbort(h.comm) != ncclSuccess) err = fail(i, "ncclCommAbort", nullptr);
-        if (err.empty() && (now() - start) > 2.0)
-          err = fail(i, "ncclCommAbort took " + std::to_string((now() - start)) + " s", nullptr);
+        if (err.empty() && secondsSince(start) > 2.0)
+          err =
+              fail(i, "ncclCommAbort took " + std::to_string(secondsSince(start)) + " s", nullptr);
         h.comm = nullptr;
         break;
       }

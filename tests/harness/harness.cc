@@ -69,21 +69,6 @@ ncclConfig_t nonblockingConfig() {
   return cfg;
 }
 
-ncclResult_t waitInitialized(ncclComm_t comm) {
-  ncclResult_t state = ncclInProgress;
-  for (int i = 0; i < 1000 && state == ncclInProgress; ++i) {
-    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInvalidArgument;
-    if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return state;
-}
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double secondsSince(double start) { return now() - start; }
-
 RunResult runShell(const std::string& command) {
   double start = now();
   RunResult r{-1, "", 0};

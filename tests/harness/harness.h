@@ -1,10 +1,12 @@
 // Test harness: ranks as threads in this process, ranks as processes, environment scoping.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nccl.h"
@@ -55,9 +57,23 @@ std::vector<ncclComm_t> initThreads(int n);
 void destroyAll(std::vector<ncclComm_t>& comms);
 // NCCL_CONFIG_INITIALIZER with blocking = 0.
 ncclConfig_t nonblockingConfig();
-// Polls ncclCommGetAsyncError until the comm leaves ncclInProgress (10 s at most); returns
-// the state it ended in.
-ncclResult_t waitInitialized(ncclComm_t comm);
+
+inline double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+inline double secondsSince(double start) { return now() - start; }
+
+// Polls ncclCommGetAsyncError until the comm leaves ncclInProgress (`seconds` at most); returns
+// the state it ended in (ncclInvalidArgument where the query fails). Inline, as the two above:
+// code built without GoogleTest (tests/collectives, tutti_test_rank) uses them too.
+inline ncclResult_t waitInitialized(ncclComm_t comm, double seconds = 10) {
+  ncclResult_t state = ncclInProgress;
+  for (int i = 0; i < int(seconds * 100) && state == ncclInProgress; ++i) {
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInvalidArgument;
+    if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return state;
+}
 
 struct RunResult {
   int exitCode;        // -1 when killed by a signal
@@ -69,8 +85,5 @@ RunResult runShell(const std::string& command);
 
 // tutti shm segments of this process still in /dev/shm (there should never be any left).
 int leftoverShmSegments();
-
-double secondsSince(double start);
-double now();
 
 }  // namespace tutti::test

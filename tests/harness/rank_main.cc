@@ -63,6 +63,7 @@
 #include "collectives/lifecycle.h"
 #include "collectives/matrix.h"
 #include "collectives/program.h"
+#include "harness/harness.h"
 #ifdef TUTTI_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -289,12 +290,8 @@ int main(int argc, char** argv) {
     if (!deviceHolds(d, count, float(size * (size + 1) / 2), s,
                      "splitbusy: the parent's all-reduce"))
       return 1;
-    ncclResult_t state = ncclInProgress;
-    for (int i = 0; i < 3000 && state == ncclInProgress; ++i) {
-      if (ncclCommGetAsyncError(sub, &state) != ncclSuccess) state = ncclInternalError;
-      if (state == ncclInProgress) usleep(10 * 1000);
-    }
-    if (state != ncclSuccess) return failWith("the new communicator", sub);
+    if (tutti::test::waitInitialized(sub, 30) != ncclSuccess)
+      return failWith("the new communicator", sub);
     if (int rc = checkComm(sub, rank / 2, (size + 1 - rank % 2) / 2)) return rc;
     if (ncclAllReduce(d, d, 1, ncclFloat, ncclSum, sub, s) != ncclSuccess ||
         cudaStreamSynchronize(s) != cudaSuccess)
