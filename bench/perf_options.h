@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdio>
 #include <vector>
 
 #include "nccl.h"
@@ -54,11 +55,13 @@ struct Options {
   int dtype = ncclFloat;
   std::vector<int> ops{ncclSum};
   bool deviceMem = false;
+  bool blocking = false;  // -z 1
   int graphLaunches = 0;  // -G (device buffers only; host calls complete before they return)
 };
 
 // Prints why and the usage, exits 2.
 [[noreturn]] void usage(const char* why);
+void printUsage(FILE* to);
 Options parse(int argc, char** argv);
 
 }  // namespace tutti::perf

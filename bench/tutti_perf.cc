@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #ifdef TUTTI_HAVE_CUDA
@@ -30,11 +31,13 @@
 #include "bench/perf_values.h"
 #include "kernels/cpu/elem_value.h"
 #include "nccl.h"
+#include "runtime/thread_barrier.h"
 #include "tutti.h"
 
 namespace {
 
 using namespace tutti::perf;
+using tutti::ThreadBarrier;
 
 struct Rank {
   ncclComm_t comm;
@@ -53,7 +56,8 @@ double now() {
 
 class Runner {
  public:
-  Runner(const Options& o, const Rank& r, DeviceMem* dev) : o_(o), r_(r), dev_(dev) {}
+  Runner(const Options& o, const Rank& r, DeviceMem* dev, ThreadBarrier* threads)
+      : o_(o), r_(r), dev_(dev), threads_(threads) {}
 
   // count: elements per rank block (per-rank coll) or of the whole buffer.
   Result run(size_t count, int op, bool inPlace) {
@@ -68,27 +72,40 @@ class Runner {
     const bool inPlaceOk = c.coll != Coll::kAlltoAll && c.coll != Coll::kGather &&
                            c.coll != Coll::kScatter && c.coll != Coll::kSendRecv;
     if (inPlace && !inPlaceOk) return {-1, 0};
-    size_t big = std::max(sendElems, recvElems) * es;
-    if (recvBuf_.size() < big) recvBuf_.assign(big, 0);
-    if (sendBuf_.size() < big) sendBuf_.assign(big, 0);
-    char* send = sendBuf_.data();
-    char* recv = recvBuf_.data();
+    // Each call's buffers lie `big` bytes after the last one's, round the whole allocation (of
+    // -e bytes, at least), as nccl-tests places them: a size that fits in a cache is not read
+    // hot from the call before, and a library that keeps something per address is exercised.
+    const size_t big = std::max(sendElems, recvElems) * es;
+    char* sendBase = nullptr;
+    char* recvBase = nullptr;
+    size_t room = 0;
 #ifdef TUTTI_HAVE_CUDA
     if (dev_) {
       dev_->reserve(std::max<size_t>(big, 1));
-      send = dev_->send();
-      recv = dev_->recv();
+      sendBase = dev_->send();
+      recvBase = dev_->recv();
+      room = dev_->bytes();
     }
 #endif
-    if (inPlace) {
-      send = recv;
-      if (c.coll == Coll::kAllGather) send = recv + size_t(r_.rank) * count * es;
-      if (c.coll == Coll::kReduceScatter) recv = send + size_t(r_.rank) * count * es;
+    if (!dev_) {
+      room = std::max(o_.maxBytes, big);
+      if (recvBuf_.size() < room) recvBuf_.assign(room, 0);
+      if (sendBuf_.size() < room) sendBuf_.assign(room, 0);
+      sendBase = sendBuf_.data();
+      recvBase = recvBuf_.data();
     }
-    auto once = [&] {
-      ncclGroupStart();
-      for (int a = 0; a < o_.agg; ++a) call(send, recv, count, op);
-      return ncclGroupEnd();
+    const size_t places = big > 0 ? std::max<size_t>(1, room / big) : 1;
+    // Call `k`'s send and receive buffers.
+    auto buffers = [&](size_t k) {
+      const size_t shift = big * (k % places);
+      char* send = sendBase + shift;
+      char* recv = recvBase + shift;
+      if (inPlace) {
+        send = recv;
+        if (c.coll == Coll::kAllGather) send = recv + size_t(r_.rank) * count * es;
+        if (c.coll == Coll::kReduceScatter) recv = send + size_t(r_.rank) * count * es;
+      }
+      return std::pair<char*, char*>(send, recv);
     };
     auto mustSucceed = [&](ncclResult_t res, const char* what) {
       if (res == ncclSuccess) return;
@@ -96,10 +113,33 @@ class Runner {
               ncclGetLastError(r_.comm));
       exit(1);
     };
-    for (int w = 0; w < o_.warmup; ++w) mustSucceed(once(), "warm-up: ");
+    // Iteration `it`: -m calls (in one group where there are several, as nccl-tests groups
+    // them), each on buffers of its own.
+    auto once = [&](size_t it, const char* what) {
+      const bool group = o_.agg > 1;
+      if (group) ncclGroupStart();
+      ncclResult_t first = ncclSuccess;  // a call refused inside the group is as fatal
+      for (int a = 0; a < o_.agg; ++a) {
+        auto [send, recv] = buffers(it * size_t(o_.agg) + size_t(a));
+        ncclResult_t res = call(send, recv, count, op);
+        if (first == ncclSuccess) first = res;
+      }
+      if (group) {
+        ncclResult_t end = ncclGroupEnd();
+        if (first == ncclSuccess) first = end;
+      }
+      mustSucceed(first, what);
+      if (o_.blocking) {
+        waitStream();
+        barrier();
+      }
+    };
+    size_t it = 0;
+    for (int w = 0; w < o_.warmup; ++w) once(it++, "warm-up: ");
+    waitStream();
     sync();
     auto timed = [&] {
-      for (int it = 0; it < o_.iters; ++it) mustSucceed(once(), "");
+      for (int k = 0; k < o_.iters; ++k) once(it++, "");
     };
     double seconds;
 #ifdef TUTTI_HAVE_CUDA
@@ -123,28 +163,34 @@ class Runner {
       seconds = (now() - t0) / o_.iters / o_.agg;
     }
     long long wrong = 0;
-    if (o_.check) {
+    const Inputs inputs(o_.dtype, c.reduces ? op : -1, r_.nranks);
+    // -c N: N checked calls, each on buffers of its own place (the first at the start).
+    for (int k = 0; k < o_.check; ++k) {
+      auto [send, recv] = buffers(size_t(k));
       // Filled and checked on the host; on the GPU through copies of the same bytes.
       // The output is poisoned first, then the input written: in place, the input is a part of
       // the output (all-gather) or the output a part of the input (reduce-scatter), and what
       // is left of the poison shows a block nobody wrote.
-      char* hs = sendBuf_.data();
-      char* hr = recvBuf_.data();
-      if (inPlace && !dev_) hs = send;
+      char* hs = send;
+      char* hr = recv;
+      if (dev_) {
+        hostSend_.resize(std::max(hostSend_.size(), big));
+        hostRecv_.resize(std::max(hostRecv_.size(), big));
+        hs = hostSend_.data();
+        hr = hostRecv_.data();
+      }
       const bool poison = !inPlace || c.coll == Coll::kAllGather;
 #ifdef TUTTI_HAVE_CUDA
       if (dev_ && poison) dev_->fill(recv, 0xff, recvElems * es);
 #endif
       if (!dev_ && poison) memset(recv, 0xff, recvElems * es);
       for (size_t j = 0; j < sendElems; ++j)
-        tutti::cpu::storeElem(o_.dtype, inputValue(r_.rank, j, op), hs + j * es);
+        tutti::cpu::storeElem(o_.dtype, inputs.at(r_.rank, j), hs + j * es);
 #ifdef TUTTI_HAVE_CUDA
       if (dev_) dev_->toDevice(send, hs, sendElems * es);
-#endif
-#ifdef TUTTI_HAVE_CUDA
       if (dev_ && o_.graphLaunches > 0) {
         // Checked as it was timed: the call captured in a graph, and the graph launched.
-        CapturedGraph g(dev_->stream(), [&] {
+        CapturedGraph g(dev_->stream(), [&, send = send, recv = recv] {
           mustSucceed(call(send, recv, count, op), "the checked call (captured): ");
         });
         g.launch(dev_->stream());
@@ -158,7 +204,7 @@ class Runner {
 #ifdef TUTTI_HAVE_CUDA
       if (dev_) dev_->toHost(hr, recv, recvElems * es);
 #endif
-      wrong = verify(dev_ ? hr : recv, count, op);
+      wrong += verify(hr, count, inputs);
     }
     return {seconds, wrong};
   }
@@ -198,33 +244,33 @@ class Runner {
     return ncclInternalError;
   }
 
-  long long verify(const char* recv, size_t count, int op) {
+  long long verify(const char* recv, size_t count, const Inputs& in) {
     const size_t es = typeSize(o_.dtype);
     const int n = r_.nranks, me = r_.rank;
     long long wrong = 0;
     auto expect = [&](size_t at, double want) {
       double got = tutti::cpu::loadElem(o_.dtype, recv + at * es);
-      if (!(std::fabs(got - want) <= tolerance(o_.dtype, want))) ++wrong;
+      if (!(std::fabs(got - want) <= in.tolerance(want))) ++wrong;
     };
     for (size_t i = 0; i < count; ++i) {
       switch (o_.coll->coll) {
         case Coll::kAllReduce:
-          expect(i, reduced(op, o_.dtype, n, i, 0));
+          expect(i, in.reduced(i));
           break;
         case Coll::kReduceScatter:
-          expect(i, reduced(op, o_.dtype, n, i, size_t(me) * count));
+          expect(i, in.reduced(i, size_t(me) * count));
           break;
         case Coll::kReduce:
-          if (me == o_.root) expect(i, reduced(op, o_.dtype, n, i, 0));
+          if (me == o_.root) expect(i, in.reduced(i));
           break;
         case Coll::kBroadcast:
-          expect(i, inputValue(o_.root, i));
+          expect(i, in.at(o_.root, i));
           break;
         case Coll::kScatter:
-          expect(i, inputValue(o_.root, size_t(me) * count + i));
+          expect(i, in.at(o_.root, size_t(me) * count + i));
           break;
         case Coll::kSendRecv:
-          expect(i, inputValue((me + n - 1) % n, i));
+          expect(i, in.at((me + n - 1) % n, i));
           break;
         case Coll::kAllGather:
         case Coll::kGather:
@@ -232,7 +278,7 @@ class Runner {
           if (o_.coll->coll == Coll::kGather && me != o_.root) break;
           for (int q = 0; q < n; ++q) {
             size_t src = o_.coll->coll == Coll::kAlltoAll ? size_t(me) * count + i : i;
-            expect(size_t(q) * count + i, inputValue(q, src));
+            expect(size_t(q) * count + i, in.at(q, src));
           }
           break;
       }
@@ -253,6 +299,15 @@ class Runner {
   }
 
   void sync() { combine(0, ncclSum); }
+  // Every rank (-z 1): the threads of this process among themselves, or, one rank a process,
+  // through the library (nothing else joins the processes).
+  void barrier() {
+    if (threads_) {
+      threads_->wait();
+    } else {
+      sync();
+    }
+  }
 
  public:
   // Combines a per-rank value across all ranks with the communicator itself (on the GPU in
@@ -274,13 +329,15 @@ class Runner {
  private:
   const Options& o_;
   Rank r_;
-  std::vector<char> sendBuf_, recvBuf_;
-  DeviceMem* dev_;  // --mem device, else null
+  std::vector<char> sendBuf_, recvBuf_;    // host buffers (--mem host)
+  std::vector<char> hostSend_, hostRecv_;  // --mem device: the checked call's bytes on the host
+  DeviceMem* dev_;                         // --mem device, else null
+  ThreadBarrier* threads_;                 // ranks as threads (-t), else null
 };
 
-int runRank(const Options& o, const Rank& r, DeviceMem* dev, bool printer, double* busSum,
-            int* lines, long long* wrongTotal) {
-  Runner run(o, r, dev);
+int runRank(const Options& o, const Rank& r, DeviceMem* dev, ThreadBarrier* threads, bool printer,
+            double* busSum, int* lines, long long* wrongTotal) {
+  Runner run(o, r, dev, threads);
   const CollInfo& c = *o.coll;
   const size_t es = typeSize(o.dtype), n = size_t(r.nranks);
   for (size_t bytes = o.minBytes; bytes <= o.maxBytes;
@@ -330,6 +387,19 @@ int runRank(const Options& o, const Rank& r, DeviceMem* dev, bool printer, doubl
   return 0;
 }
 
+// A task srun started (a job step's), not a batch script or an allocation's shell, which
+// Slurm also gives SLURM_PROCID and SLURM_NTASKS: their step is "batch", "extern" or
+// "interactive", or has no id.
+bool slurmTask() {
+  const char* step = getenv("SLURM_STEP_ID");
+  if (!step) step = getenv("SLURM_STEPID");
+  if (!step || !*step) return false;
+  char* end = nullptr;
+  const unsigned long long id = strtoull(step, &end, 10);
+  // The special steps' ids, where Slurm writes them as numbers: 0xfffffffa and up.
+  return end != step && *end == 0 && id < 0xfffffffaull;
+}
+
 void header(const Options& o, int nranks, const std::vector<Rank>& local) {
   printf("# Collective test starting: %s_perf (tutti-perf)\n", o.coll->name);
   printf(
@@ -361,8 +431,6 @@ void header(const Options& o, int nranks, const std::vector<Rank>& local) {
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
-  gInputs.moved = !o.coll->reduces;
-  gInputs.modulus = gInputs.moved ? exactIntegers(o.dtype) : 3;
   int devices = 0;
 #ifdef TUTTI_HAVE_CUDA
   if (o.deviceMem && cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
@@ -378,8 +446,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   setvbuf(stdout, nullptr, _IOLBF, 0);
-  const bool launched = getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE") ||
-                        getenv("PMI_SIZE") || getenv("SLURM_NTASKS");
+  // A process started by a launcher as one of its ranks: a rank variable is set (the size alone
+  // is not enough: a Slurm batch script or salloc shell has SLURM_NTASKS, and its
+  // tutti-perf -t N runs ranks as threads; a task that srun started has its step's id).
+  const bool launched = (getenv("RANK") && getenv("WORLD_SIZE")) ||
+                        getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK") ||
+                        (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS") && slurmTask());
   std::vector<Rank> ranks;
   if (launched) {
     if (o.threads != 1) {
@@ -432,6 +504,7 @@ int main(int argc, char** argv) {
     mems[t] = std::make_unique<DeviceMem>(o.maxBytes + 4096);
   }
 #endif
+  ThreadBarrier threadBarrier(int(ranks.size()));
   std::vector<std::thread> threads;
   for (size_t t = 0; t < ranks.size(); ++t) {
     threads.emplace_back([&, t] {
@@ -442,7 +515,8 @@ int main(int argc, char** argv) {
         DeviceMem::check(cudaSetDevice(d), "cudaSetDevice");
       }
 #endif
-      runRank(o, ranks[t], mems[t].get(), printer && t == 0, &busSum[t], &lines[t], &wrong[t]);
+      runRank(o, ranks[t], mems[t].get(), launched ? nullptr : &threadBarrier, printer && t == 0,
+              &busSum[t], &lines[t], &wrong[t]);
     });
   }
   for (auto& th : threads) th.join();

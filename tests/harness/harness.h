@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nccl.h"
+#include "runtime/thread_barrier.h"
 
 namespace tutti::test {
 
@@ -28,26 +29,7 @@ class ScopedEnv {
 };
 
 // All rank threads meet here before going on.
-class ThreadBarrier {
- public:
-  explicit ThreadBarrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    const int gen = gen_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++gen_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return gen_ != gen; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_, arrived_ = 0, gen_ = 0;
-};
+using tutti::ThreadBarrier;
 
 ncclUniqueId makeId();
 // Runs fn(rank) on n threads at once and waits for all of them.

@@ -157,6 +157,11 @@ if ((NODES == 1)) && [ -x "$BUILD/tutti-train" ]; then
 #!/bin/bash
 export TUTTI_TRAINER_FAIL_AT=1:12
 echo "run \${SLURM_RESTART_COUNT:-0} of job \$SLURM_JOB_ID"
+if [ "\${SLURM_RESTART_COUNT:-0}" = 0 ]; then  # a batch script's own ranks, as threads
+  echo "batch step: \${SLURM_STEP_ID:-no SLURM_STEP_ID}, SLURM_NTASKS \${SLURM_NTASKS:-unset}"
+  $BUILD/tutti-perf all_reduce -t 2 -b 8 -e 64K -f 8 -n 2 -w 1 2>&1 |
+    grep -E "rank\(s\) in all|Out of bounds|tutti-perf:"
+fi
 srun -n 2 $BUILD/tutti-train ${RESTART_ARGS[*]} --checkpoint $DIR/requeued.ck --auto-resume
 rc=\$?
 if [ \$rc -ne 0 ] && [ "\${SLURM_RESTART_COUNT:-0}" = 0 ]; then
@@ -173,6 +178,9 @@ JOB
   done
   cat "$DIR/job.out"
   [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] || fail "job $job did not end within 120 s"
+  grep -q "host memory: 2 rank(s) in all" "$DIR/job.out" &&
+    grep -q "Out of bounds values : 0 OK" "$DIR/job.out" ||
+    fail "tutti-perf -t 2 in a batch script did not run its 2 ranks as threads"
   check_restarted "$(cat "$DIR/job.out")" "$DIR/requeued.ck" "$DIR/straight.ck" \
     "run 0 of job $job" "run 1 of job $job"
 fi

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# tutti-perf's check and command line:
+#  - results made wrong by a library preloaded in front of tutti (wrong_nccl.cc: a result moved
+#    one element, a reduce-scatter block of the wrong rank, an all-gather block of the wrong
+#    peer) are counted on every line of the sweep, with 3 ranks, every op and narrow types,
+#    where inputs that repeat every 3 elements or every 3 ranks let them pass;
+#  - correct results pass where the expected value must wrap nothing (int8 products over 24
+#    ranks), with -z 1 and -c 3;
+#  - bad flags are refused with a message and exit status 2; -h prints the usage.
+#   perf_check_test.sh TUTTI_PERF WRONG_NCCL_SO
+set -uo pipefail
+perf=$1
+shim=$2
+export NCCL_SOCKET_IFNAME=lo
+failed=0
+fail() {
+  echo "FAILED: $*"
+  failed=1
+}
+
+# wrong MODE COLL ARGS...: every line of the sweep counts wrong values in both columns (or in the
+# out-of-place one, where in place is N/A), and the run fails.
+wrong() {
+  local mode=$1 coll=$2
+  shift 2
+  local out rc
+  out=$(TUTTI_WRONG=$mode LD_PRELOAD=$shim timeout 120 "$perf" "$coll" "$@" 2>&1)
+  rc=$?
+  local lines missed
+  lines=$(grep -cv '^#' <<<"$out")
+  missed=$(grep -v '^#' <<<"$out" | awk '$9 == 0 || ($13 != "N/A" && $13 == 0)')
+  if [ "$rc" != 1 ] || ! grep -q "Out of bounds values : [1-9][0-9]* FAILED" <<<"$out" ||
+    [ "$lines" = 0 ] || [ -n "$missed" ]; then
+    fail "$mode $coll $*: exit status $rc (1 wanted), $lines result lines, these with no wrong
+value counted:
+$missed"
+    return
+  fi
+  echo "caught $mode $coll $* ($lines lines)"
+}
+
+sweep=(-b 16 -e 64K -f 8 -t 3 -n 1 -w 0 -o all)
+for d in float int8 f8e5m2 uint8; do
+  wrong shift all_reduce "${sweep[@]}" -d "$d"
+  wrong neighbour reduce_scatter "${sweep[@]}" -d "$d"
+done
+wrong rank all_gather -b 16 -e 64K -f 8 -t 3 -n 1 -w 0 -d half
+
+# right COLL ARGS...: passes.
+right() {
+  local out
+  if ! out=$(timeout 300 "$perf" "$@" 2>&1) || ! grep -q "Out of bounds values : 0 OK" <<<"$out"
+  then
+    fail "$*:
+$out"
+    return
+  fi
+  echo "passed $*"
+}
+right all_reduce -b 8 -e 1K -f 128 -t 24 -n 1 -w 0 -d int8 -o prod
+right all_reduce -b 8 -e 1K -f 128 -t 24 -n 1 -w 0 -d uint8 -o all
+right reduce_scatter -b 8 -e 64K -f 32 -t 3 -n 3 -w 1 -z 1 -c 3 -o all -d bfloat16
+right all_gather -b 8 -e 64K -f 32 -t 2 -n 4 -w 1 -m 3 -c 2
+
+# refused FLAGS...: exit status 2 and a message naming the problem.
+refused() {
+  local out rc
+  out=$("$perf" all_reduce "$@" 2>&1)
+  rc=$?
+  [ "$rc" = 2 ] || fail "$*: exit status $rc, not 2"
+  grep -q "^tutti-perf: " <<<"$out" || fail "$*: no message: $out"
+  echo "refused $*: $(head -1 <<<"$out")"
+}
+refused -a 7
+refused -n 5x
+refused -t 2x
+refused -w -4
+refused -m -3
+refused -e 1e30
+refused -b 8KB
+refused -f abc
+refused -G 2
+refused -b 1M -e 8
+for flags in "-h" "all_reduce --help"; do
+  # shellcheck disable=SC2086
+  if ! out=$("$perf" $flags 2>&1) || ! grep -q "^usage: tutti-perf" <<<"$out"; then
+    fail "$flags: $out"
+  fi
+done
+
+# -f wins over -i whatever their order, as in nccl-tests.
+for flags in "-f 4 -i 1K" "-i 1K -f 4"; do
+  # shellcheck disable=SC2086
+  sizes=$("$perf" all_reduce -b 8 -e 128 $flags -t 1 -n 1 -w 0 -c 0 2>&1 | grep -v '^#' |
+    awk '{printf "%s ", $1}')
+  [ "$sizes" = "8 32 128 " ] || fail "$flags: sizes $sizes, not 8 32 128"
+done
+
+[ "$failed" = 0 ] && echo "tutti-perf check: PASSED"
+exit "$failed"
