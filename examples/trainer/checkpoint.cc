@@ -1,6 +1,7 @@
 #include "examples/trainer/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,9 +13,10 @@ namespace {
 
 constexpr char kMagic[8] = {'T', 'U', 'T', 'T', 'I', 'C', 'K', 'P'};
 // Version 2 records the training set's size (the step's place in an epoch depends on it) and
-// checksums the header too; version 1 files still load.
-constexpr uint32_t kVersion = 2;
-constexpr uint32_t kMaxLayers = 64;
+// checksums the header too; version 3 adds the optimizer's settings after the header (Settings);
+// versions 1 and 2 still load.
+constexpr uint32_t kVersion = 3;
+constexpr uint32_t kMaxLayers = kMaxCheckpointLayers;
 
 // Fixed-width, little-endian on every machine this runs on (x86-64, aarch64).
 struct Header {
@@ -30,19 +32,29 @@ struct Header {
   uint64_t checksum;       // FNV-1a over the header (this field 0; version 1: not), dims, arrays
 };
 
+// Version 3: right after the header, inside the checksum.
+struct Settings {
+  double lr;
+  double momentum;
+  double weight_decay;
+  uint32_t bf16_grads;
+  uint32_t reserved;
+};
+
 uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
 }
 
-uint64_t payloadChecksum(const Checkpoint& ck, const Header* header) {
+uint64_t payloadChecksum(const Checkpoint& ck, const Header* header, const Settings* settings) {
   uint64_t h = 0xcbf29ce484222325ull;
   if (header) {
     Header zeroed = *header;
     zeroed.checksum = 0;
     h = fnv1a(h, &zeroed, sizeof zeroed);
   }
+  if (settings) h = fnv1a(h, settings, sizeof *settings);
   h = fnv1a(h, ck.dims.data(), ck.dims.size() * sizeof(int));
   h = fnv1a(h, ck.params.data(), ck.params.size() * sizeof(float));
   return fnv1a(h, ck.momentum.data(), ck.momentum.size() * sizeof(float));
@@ -67,7 +79,7 @@ bool writeAll(int fd, const void* data, size_t n) {
 
 bool checkpointWritable(const std::string& path, std::string* error) {
   const std::string tmp = tmpPath(path);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     *error = "cannot write the checkpoint " + path + ": " + strerror(errno);
     return false;
@@ -92,7 +104,12 @@ bool saveCheckpoint(const std::string& path, const Checkpoint& ck, std::string* 
   h.nparams = ck.params.size();
   h.momentum_started = ck.momentum_started ? 1 : 0;
   h.train_samples = uint32_t(ck.train_samples);
-  h.checksum = payloadChecksum(ck, &h);
+  Settings set{};
+  set.lr = ck.lr;
+  set.momentum = ck.momentum_factor;
+  set.weight_decay = ck.weight_decay;
+  set.bf16_grads = ck.bf16_grads ? 1 : 0;
+  h.checksum = payloadChecksum(ck, &h, &set);
   // A crash mid-write must never leave a torn checkpoint under the real name.
   std::string tmp = tmpPath(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -101,10 +118,11 @@ bool saveCheckpoint(const std::string& path, const Checkpoint& ck, std::string* 
              "): " + strerror(errno);
     return false;
   }
-  bool ok =
-      writeAll(fd, &h, sizeof h) && writeAll(fd, ck.dims.data(), ck.dims.size() * sizeof(int)) &&
-      writeAll(fd, ck.params.data(), ck.params.size() * sizeof(float)) &&
-      writeAll(fd, ck.momentum.data(), ck.momentum.size() * sizeof(float)) && ::fsync(fd) == 0;
+  bool ok = writeAll(fd, &h, sizeof h) && writeAll(fd, &set, sizeof set) &&
+            writeAll(fd, ck.dims.data(), ck.dims.size() * sizeof(int)) &&
+            writeAll(fd, ck.params.data(), ck.params.size() * sizeof(float)) &&
+            writeAll(fd, ck.momentum.data(), ck.momentum.size() * sizeof(float)) &&
+            ::fsync(fd) == 0;
   int saved = errno;
   ::close(fd);
   if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -155,6 +173,19 @@ bool loadCheckpoint(const std::string& path, Checkpoint* ck, std::string* error)
     return fail("implausible header (" + std::to_string(h.ndims) + " layer widths, " +
                 std::to_string(h.nparams) + " parameters)");
   }
+  Settings set{};
+  const bool hasSettings = h.version >= 3;
+  if (hasSettings && fread(&set, sizeof set, 1, f) != 1) return fail("truncated");
+  // The file's size must be what the header says before anything that large is allocated: a
+  // corrupt count would otherwise ask for gigabytes.
+  struct stat st {};
+  const uint64_t want = sizeof h + (hasSettings ? sizeof set : 0) +
+                        uint64_t(h.ndims) * sizeof(int) + 2 * h.nparams * sizeof(float);
+  if (fstat(fileno(f), &st) != 0 || uint64_t(st.st_size) != want) {
+    return fail(std::to_string(st.st_size) + " bytes where its header (" + std::to_string(h.ndims) +
+                " layer widths, " + std::to_string(h.nparams) + " parameters) makes " +
+                std::to_string(want) + " (truncated or corrupt)");
+  }
   ck->dims.resize(h.ndims);
   ck->params.resize(h.nparams);
   ck->momentum.resize(h.nparams);
@@ -165,7 +196,8 @@ bool loadCheckpoint(const std::string& path, Checkpoint* ck, std::string* error)
   }
   if (fgetc(f) != EOF) return fail("trailing bytes after the momentum buffers");
   fclose(f);
-  if (payloadChecksum(*ck, h.version >= 2 ? &h : nullptr) != h.checksum) {
+  if (payloadChecksum(*ck, h.version >= 2 ? &h : nullptr, hasSettings ? &set : nullptr) !=
+      h.checksum) {
     *error = "checkpoint " + path + ": checksum mismatch (the file is corrupt)";
     return false;
   }
@@ -174,6 +206,11 @@ bool loadCheckpoint(const std::string& path, Checkpoint* ck, std::string* error)
   ck->seed = h.seed;
   ck->momentum_started = h.momentum_started != 0;
   ck->train_samples = h.version >= 2 ? int64_t(h.train_samples) : 0;
+  ck->has_settings = hasSettings;
+  ck->lr = set.lr;
+  ck->momentum_factor = set.momentum;
+  ck->weight_decay = set.weight_decay;
+  ck->bf16_grads = set.bf16_grads != 0;
   return true;
 }
 

@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace trainer {
@@ -87,10 +88,18 @@ bool readIdxImages(const std::string& path, Split* split, std::string* error) {
   split->count = static_cast<int>(n);
   split->rows = static_cast<int>(rows);
   split->cols = static_cast<int>(cols);
-  split->pixels.resize(size_t{n} * rows * cols);
-  if (!f.read(split->pixels.data(), split->pixels.size())) {
-    *error = "cannot read " + std::to_string(n) + " images from " + path + f.why();
-    return false;
+  // Read in steps, the buffer growing with what arrives: a corrupt header's count (up to 2^48
+  // bytes) fails at the end of the data instead of asking for all of it at once.
+  const size_t total = size_t{n} * rows * cols;
+  split->pixels.clear();
+  for (size_t have = 0; have < total;) {
+    const size_t step = std::min<size_t>(total - have, size_t(64) << 20);
+    split->pixels.resize(have + step);
+    if (!f.read(split->pixels.data() + have, step)) {
+      *error = "cannot read " + std::to_string(n) + " images from " + path + f.why();
+      return false;
+    }
+    have += step;
   }
   return true;
 }

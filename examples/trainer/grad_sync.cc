@@ -1,5 +1,6 @@
 #include "examples/trainer/grad_sync.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -63,6 +64,7 @@ GradSync::GradSync(ncclComm_t comm, std::vector<Bucket> buckets, ncclDataType_t 
   size_t total = 0;
   for (const Bucket& b : buckets_) total += b.count;
   if (wire_ == ncclBfloat16) staging_.resize(total);
+  ready_.assign(buckets_.size(), 0);
   if (overlap_) thread_ = std::thread([this] { commLoop(); });
 }
 
@@ -79,6 +81,7 @@ void GradSync::begin(float* grads) {
   std::lock_guard<std::mutex> lock(mu_);
   grads_ = grads;
   done_ = 0;
+  last_done_ = 0;
   queue_.clear();
 }
 
@@ -86,9 +89,11 @@ void GradSync::layerDone(int layer) {
   if (!overlap_) return;
   bool any = false;
   {
+    const double t = now();
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < buckets_.size(); ++i) {
       if (buckets_[i].first_layer == layer) {
+        ready_[i] = t;
         queue_.push_back(i);
         any = true;
       }
@@ -97,8 +102,8 @@ void GradSync::layerDone(int layer) {
   if (any) cv_.notify_all();
 }
 
-void GradSync::reduce(const Bucket& b) {
-  double t0 = now();
+void GradSync::reduce(size_t index) {
+  const Bucket& b = buckets_[index];
   ncclResult_t rc;
   float* g = grads_ + b.offset;
   if (wire_ == ncclBfloat16) {
@@ -110,9 +115,12 @@ void GradSync::reduce(const Bucket& b) {
   } else {
     rc = ncclAllReduce(g, g, b.count, ncclFloat32, ncclAvg, comm_, nullptr);
   }
-  double dt = now() - t0;
+  const double end = now();
   std::lock_guard<std::mutex> lock(mu_);
-  comm_s_ += dt;
+  // From when the bucket could start: its layers done and the bucket before it reduced (a
+  // wait for the communication thread to wake or to finish that one is communication too).
+  comm_s_ += std::max(0.0, end - std::max(ready_[index], last_done_));
+  last_done_ = end;
   if (rc != ncclSuccess && rc_ == ncclSuccess) {
     rc_ = rc;
     error_ = std::string("gradient all-reduce failed: ") + ncclGetErrorString(rc) + ": " +
@@ -135,7 +143,7 @@ void GradSync::commLoop() {
       std::lock_guard<std::mutex> l(mu_);
       ++done_;
     } else {
-      reduce(buckets_[i]);
+      reduce(i);
     }
     cv_.notify_all();
     lock.lock();
@@ -145,15 +153,17 @@ void GradSync::commLoop() {
 bool GradSync::finish(std::string* error) {
   double t0 = now();
   if (!overlap_) {
-    for (const Bucket& b : buckets_) {
-      if (rc_ == ncclSuccess) reduce(b);
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      ready_[i] = t0;
+      if (rc_ == ncclSuccess) reduce(i);
     }
   } else {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done_ == buckets_.size(); });
   }
   std::lock_guard<std::mutex> lock(mu_);
-  exposed_s_ += now() - t0;
+  // Until the last all-reduce ended (this thread's own wake-up after it is not communication).
+  exposed_s_ += std::max(0.0, last_done_ - t0);
   if (rc_ != ncclSuccess) {
     *error = error_;
     return false;

@@ -48,14 +48,17 @@ class GradSync {
   // Waits for every bucket; false (with *error set) if an all-reduce failed.
   bool finish(std::string* error);
 
-  // Seconds spent inside ncclAllReduce (and the bf16 conversions), and seconds the training
-  // loop waited in finish() for communication that backward did not hide. Reset by the caller.
+  // Seconds of communication: for each bucket, from when it could start (its layers done and
+  // the bucket before it reduced) to the end of its all-reduce (and bf16 conversions); and
+  // seconds the training loop waited in finish() for communication that backward did not
+  // hide (never more than the first: every bucket is ready while finish() waits). Reset by the
+  // caller.
   double commSeconds() const { return comm_s_; }
   double exposedSeconds() const { return exposed_s_; }
   void resetTimers() { comm_s_ = exposed_s_ = 0; }
 
  private:
-  void reduce(const Bucket& b);
+  void reduce(size_t index);
   void commLoop();
 
   ncclComm_t comm_;
@@ -72,6 +75,8 @@ class GradSync {
   bool stop_ = false;
   ncclResult_t rc_ = ncclSuccess;
   std::string error_;
+  std::vector<double> ready_;  // per bucket: when its layers were done (this synchronisation)
+  double last_done_ = 0;       // when the last bucket's all-reduce ended
   double comm_s_ = 0, exposed_s_ = 0;
   std::thread thread_;
 };

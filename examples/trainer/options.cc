@@ -9,6 +9,7 @@ namespace trainer {
 const char* usage() {
   return "usage: tutti-train [options]      (under tutti-run -n N, torchrun, srun or mpirun;\n"
          "                                   alone it runs one rank, or --threads N ranks)\n"
+         "  (a value follows its option, or is joined to it: --epochs 5, --epochs=5)\n"
          "  --epochs N           passes over the training set (3; each drops the last partial\n"
          "                       global batch, a different one each epoch by the reshuffle)\n"
          "  --batch N            global batch size, over all ranks and accumulation steps (128)\n"
@@ -90,15 +91,23 @@ int parseOptions(int argc, char** argv, Options* o, std::string* error) {
       *error = "unexpected argument '" + a + "'";
       return -1;
     }
+    // --name=value as well as --name value (argparse and torchrun users write both).
+    std::string inline_value;
+    const size_t eq = a.find('=');
+    const bool has_inline = eq != std::string::npos;
+    if (has_inline) {
+      inline_value = a.substr(eq + 1);
+      a.resize(eq);
+    }
     if (!isOption(a)) {
       *error = "unknown option " + a + " (see --help)";
       return -1;
     }
-    if (i + 1 >= argc) {
+    if (!has_inline && i + 1 >= argc) {
       *error = a + " needs a value";
       return -1;
     }
-    const char* v = argv[++i];
+    const char* v = has_inline ? inline_value.c_str() : argv[++i];
     int64_t n = 0;
     double x = 0;
     auto bad = [&](const char* what) {

@@ -40,14 +40,15 @@ std::string ncclError(const char* what, ncclResult_t rc, ncclComm_t comm) {
 
 // Every rank learns whether all ranks succeeded, so a rank that cannot go on (no data set, a bad
 // checkpoint) ends the run everywhere instead of leaving the others waiting in a collective.
-bool allOk(ncclComm_t comm, bool ok, std::string* error) {
+// phase: what the ranks were doing ("set-up", "the checkpoint save"), for the messages.
+bool allOk(ncclComm_t comm, bool ok, std::string* error, const std::string& phase = "set-up") {
   int32_t flag = ok ? 1 : 0;
   ncclResult_t rc = ncclAllReduce(&flag, &flag, 1, ncclInt32, ncclMin, comm, nullptr);
   if (rc != ncclSuccess) {
-    *error = ncclError("agreeing on set-up (ncclAllReduce)", rc, comm);
+    *error = ncclError(("agreeing on " + phase + " (ncclAllReduce)").c_str(), rc, comm);
     return false;
   }
-  if (!flag && ok) *error = "another rank failed during set-up (its own message says why)";
+  if (!flag && ok) *error = "another rank failed during " + phase + " (its own message says why)";
   return flag != 0;
 }
 
@@ -125,6 +126,11 @@ bool Run::setUp(const Dataset* data) {
     if (sscanf(f, "%d:%lld", &r, &s) == 2 && r == rank_) fail_at_step_ = s;
   }
   // Checks that every rank makes alike need no agreement round: each one fails by itself.
+  if (!o_.checkpoint.empty() && o_.hidden.size() + 2 > kMaxCheckpointLayers) {
+    res_.same_everywhere = true;
+    return fail("a checkpoint holds at most " + std::to_string(kMaxCheckpointLayers - 2) +
+                " hidden layers; --hidden has " + std::to_string(o_.hidden.size()));
+  }
   if (o_.batch % (nranks_ * o_.accum) != 0) {
     res_.same_everywhere = true;
     return fail("--batch " + std::to_string(o_.batch) + " is not divisible by " +
@@ -225,6 +231,16 @@ bool Run::initState() {
               "--train-limit and --data), so step %lld falls elsewhere in the data and the run "
               "does not continue the same trajectory\n",
               path.c_str(), (long long)ck.train_samples, data_->train.count, (long long)ck.step);
+        }
+        const bool bf16 = o_.grad_dtype == ncclBfloat16;
+        if (ck.has_settings && (ck.lr != o_.lr || ck.momentum_factor != o_.momentum ||
+                                ck.weight_decay != o_.weight_decay || ck.bf16_grads != bf16)) {
+          say("warning: %s was written with --lr %g --momentum %g --weight-decay %g --grad-dtype "
+              "%s; this run uses --lr %g --momentum %g --weight-decay %g --grad-dtype %s, so it "
+              "does not continue the same trajectory\n",
+              path.c_str(), ck.lr, ck.momentum_factor, ck.weight_decay,
+              ck.bf16_grads ? "bf16" : "fp32", o_.lr, o_.momentum, o_.weight_decay,
+              bf16 ? "bf16" : "fp32");
         }
         params_ = std::move(ck.params);
         momentum_ = std::move(ck.momentum);
@@ -387,8 +403,9 @@ bool Run::finishEpoch(int epoch, int64_t steps, double t_train, double loss, int
   res_.epochs.push_back(s);
   say("epoch %d/%d  step %lld  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  "
       "%.2f s  %.0f samples/s  comm %.1f%% (exposed %.1f%%)\n",
-      s.epoch, o_.epochs, (long long)step_, s.train_loss, 100 * s.train_acc, s.test_loss,
-      100 * s.test_acc, s.seconds, s.samples_per_s, 100 * s.comm_share, 100 * s.exposed_share);
+      s.epoch, int((total_steps_ + steps_per_epoch_ - 1) / steps_per_epoch_), (long long)step_,
+      s.train_loss, 100 * s.train_acc, s.test_loss, 100 * s.test_acc, s.seconds, s.samples_per_s,
+      100 * s.comm_share, 100 * s.exposed_share);
   return true;
 }
 
@@ -397,7 +414,7 @@ bool Run::save() {
   if (o_.checkpoint.empty()) return true;
   bool ok = rank_ != 0 || write();
   std::string err;
-  if (!allOk(comm_, ok, &err)) return ok ? fail(err) : false;
+  if (!allOk(comm_, ok, &err, "the checkpoint save")) return ok ? fail(err) : false;
   return true;
 }
 
@@ -409,6 +426,11 @@ bool Run::write() {
   ck.seed = o_.seed;
   ck.momentum_started = momentum_started_;
   ck.train_samples = data_->train.count;
+  ck.has_settings = true;
+  ck.lr = o_.lr;
+  ck.momentum_factor = o_.momentum;
+  ck.weight_decay = o_.weight_decay;
+  ck.bf16_grads = o_.grad_dtype == ncclBfloat16;
   std::string err;
   if (gpu_ && !gpu_->download(params_.data(), momentum_.data(), &err))
     return fail("rank 0: " + err);

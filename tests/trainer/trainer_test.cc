@@ -6,8 +6,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cfloat>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -273,6 +276,19 @@ TEST(Trainer, BadCheckpointsAreRefusedOnEveryRank) {
     EXPECT_FALSE(rs[1].ok);
   }
   {
+    // A corrupt parameter count (2^32) is refused by the file's size, before buffers that large
+    // are allocated.
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    const uint64_t huge = 1ull << 32;
+    f.seekp(40);  // magic, version, widths, step, batch, seed: 8 + 4 + 4 + 8 + 8 + 8
+    f.write(reinterpret_cast<const char*>(&huge), sizeof huge);
+    f.close();
+    Checkpoint ck;
+    std::string err;
+    EXPECT_FALSE(loadCheckpoint(path, &ck, &err));
+    EXPECT_NE(err.find("parameters) makes"), std::string::npos) << err;
+  }
+  {
     // Truncated.
     ASSERT_EQ(truncate(path.c_str(), 100), 0);
     Checkpoint ck;
@@ -311,6 +327,16 @@ TEST(Trainer, Bf16ConversionRoundsToNearestEven) {
   EXPECT_EQ(floatToBf16(1.01171875f), 0x3f82);  // 1 + 3 * 2^-8: halfway, rounds up to even
   EXPECT_EQ(floatToBf16(1.0f + 1.5f / 256), 0x3f81);
   EXPECT_TRUE(std::isnan(bf16ToFloat(floatToBf16(NAN))));
+  // NaNs whose payload rounding would carry into the exponent (to infinity, or to -0 past
+  // the sign) stay NaN, of their sign.
+  for (uint32_t bits : {0x7fffffffu, 0x7f800001u, 0xffffffffu, 0xff800001u}) {
+    float f;
+    memcpy(&f, &bits, 4);
+    const float back = bf16ToFloat(floatToBf16(f));
+    EXPECT_TRUE(std::isnan(back)) << std::hex << bits;
+    EXPECT_EQ(std::signbit(back), std::signbit(f)) << std::hex << bits;
+  }
+  EXPECT_TRUE(std::isinf(bf16ToFloat(floatToBf16(FLT_MAX))));  // past bf16's largest: infinity
   EXPECT_EQ(bf16ToFloat(floatToBf16(3.140625f)), 3.140625f);
 }
 
@@ -340,6 +366,11 @@ TEST(Trainer, IdxReaderNamesWhatIsWrong) {
   ASSERT_TRUE(readIdxImages(p, &s, &err)) << err;
   EXPECT_EQ(s.count, 1);
   EXPECT_EQ(s.pixels, (std::vector<uint8_t>{10, 20, 30, 40}));
+  // 2^24 images of 4096 x 4096 (2^48 bytes) announced, 4 bytes there: an error at the end of
+  // the data, not an allocation of all of it.
+  writeGz(p, {0, 0, 8, 3, 1, 0, 0, 0, 0, 0, 16, 0, 0, 0, 16, 0, 10, 20, 30, 40});
+  EXPECT_FALSE(readIdxImages(p, &s, &err));
+  EXPECT_NE(err.find("cannot read 16777216 images"), std::string::npos) << err;
   remove(p.c_str());
 }
 
@@ -387,6 +418,12 @@ TEST(Trainer, OptionsAreParsedAndBadOnesNamed) {
   EXPECT_EQ(parse({"--overlap", "sometimes"}, &o, &err), -1);
   EXPECT_EQ(err, "--overlap sometimes: expected on, off or auto");
   EXPECT_DOUBLE_EQ(o.lr, 0.1);
+  ASSERT_EQ(parse({"--epochs=7", "--lr=0.25"}, &o, &err), 0) << err;  // argparse's form too
+  EXPECT_EQ(o.epochs, 7);
+  EXPECT_DOUBLE_EQ(o.lr, 0.25);
+  EXPECT_EQ(parse({"--epochs="}, &o, &err), -1);
+  EXPECT_EQ(parse({"--frobnicate=1"}, &o, &err), -1);
+  EXPECT_EQ(err, "unknown option --frobnicate (see --help)");
   EXPECT_EQ(parse({"--help"}, &o, &err), 1);
   EXPECT_EQ(parse({"--epochs", "0"}, &o, &err), -1);
   EXPECT_EQ(err, "--epochs 0: expected an integer from 1");
@@ -429,6 +466,85 @@ TEST(Trainer, AnUnwritableCheckpointPathFailsAtSetUp) {
   EXPECT_NE(rs[0].error.find("cannot write the checkpoint /nonexistent-dir/ck.bin"),
             std::string::npos)
       << rs[0].error;
+}
+
+// A temporary file a crashed save left under this pid (a container restarted with a fresh
+// pid namespace gives rank 0 the same pid) is overwritten, not a reason to refuse the path.
+TEST(Trainer, AStaleTemporaryFileOfThisPidDoesNotBlockTheCheckpoint) {
+  const std::string path = ::testing::TempDir() + "/tutti_ck_stale";
+  const std::string stale = path + ".tmp." + std::to_string(getpid());
+  { std::ofstream(stale) << "half a checkpoint"; }
+  Options o = quiet();
+  o.max_steps = 1;
+  o.checkpoint = path;
+  expectAllOk(runRanks(2, o));
+  Checkpoint ck;
+  std::string err;
+  EXPECT_TRUE(loadCheckpoint(path, &ck, &err)) << err;
+  EXPECT_EQ(ck.step, 1);
+  remove(path.c_str());
+  remove(stale.c_str());
+}
+
+// A checkpoint records the optimizer's settings and the gradients' wire type; a resume with
+// others says that the trajectory is not the same one (and one with the same says nothing).
+TEST(Trainer, AResumeWithOtherOptimizerSettingsWarns) {
+  const std::string path = ::testing::TempDir() + "/tutti_ck_settings";
+  Options o = quiet();
+  o.max_steps = 2;
+  o.checkpoint = path;
+  expectAllOk(runRanks(2, o));
+  Checkpoint ck;
+  std::string err;
+  ASSERT_TRUE(loadCheckpoint(path, &ck, &err)) << err;
+  EXPECT_TRUE(ck.has_settings);
+  EXPECT_DOUBLE_EQ(ck.lr, o.lr);
+  EXPECT_DOUBLE_EQ(ck.momentum_factor, o.momentum);
+  EXPECT_DOUBLE_EQ(ck.weight_decay, o.weight_decay);
+  EXPECT_FALSE(ck.bf16_grads);
+  auto resumeOutput = [&](const Options& r) {
+    FILE* out = tmpfile();
+    Options with = r;
+    with.out = out;
+    with.checkpoint.clear();
+    with.resume = path;
+    with.max_steps = 3;
+    expectAllOk(runRanks(2, with));
+    std::string text(1 << 16, '\0');
+    rewind(out);
+    text.resize(fread(&text[0], 1, text.size(), out));
+    fclose(out);
+    return text;
+  };
+  std::string same = resumeOutput(o);
+  EXPECT_EQ(same.find("warning"), std::string::npos) << same;
+  Options other = o;
+  other.lr = 0.5;
+  other.grad_dtype = ncclBfloat16;
+  std::string changed = resumeOutput(other);
+  EXPECT_NE(changed.find("was written with --lr 0.05 --momentum 0.9 --weight-decay 0.0005 "
+                         "--grad-dtype fp32; this run uses --lr 0.5"),
+            std::string::npos)
+      << changed;
+  EXPECT_NE(changed.find("--grad-dtype bf16, so it does not continue the same trajectory"),
+            std::string::npos)
+      << changed;
+  remove(path.c_str());
+}
+
+// More hidden layers than a checkpoint holds fail at set-up, on every rank, when a checkpoint
+// is asked for (the first save would otherwise fail after the epoch's work).
+TEST(Trainer, MoreLayersThanACheckpointHoldsFailAtSetUp) {
+  Options o = quiet();
+  o.hidden.assign(kMaxCheckpointLayers - 1, 8);
+  o.checkpoint = ::testing::TempDir() + "/tutti_ck_deep";
+  std::vector<TrainResult> rs = runRanks(2, o);
+  for (size_t r = 0; r < rs.size(); ++r) {
+    EXPECT_FALSE(rs[r].ok) << r;
+    EXPECT_NE(rs[r].error.find("a checkpoint holds at most 62 hidden layers; --hidden has 63"),
+              std::string::npos)
+        << rs[r].error;
+  }
 }
 
 // A checkpoint named without a directory is written (and its directory, the working one,
