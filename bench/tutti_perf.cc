@@ -54,9 +54,35 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// What ranks as threads (-t N) share: the timing barrier and the combining of times and wrong
+// counts happen in this process, outside the library under test (whose failure could otherwise
+// hide wrong counts, and whose all-reduces would be timed between iterations with -z 1).
+class ThreadShared {
+ public:
+  explicit ThreadShared(int n) : barrier_(n), slots_(size_t(n)) {}
+  void wait() { barrier_.wait(); }
+  // Every thread's v, combined as op (sum, min, max); every thread gets the result.
+  double combine(int rank, double v, ncclRedOp_t op) {
+    slots_[size_t(rank)] = v;
+    barrier_.wait();
+    double r = slots_[0];
+    for (size_t i = 1; i < slots_.size(); ++i) {
+      if (op == ncclSum) r += slots_[i];
+      if (op == ncclMin) r = std::min(r, slots_[i]);
+      if (op == ncclMax) r = std::max(r, slots_[i]);
+    }
+    barrier_.wait();  // every thread has read the slots before any writes them again
+    return r;
+  }
+
+ private:
+  ThreadBarrier barrier_;
+  std::vector<double> slots_;
+};
+
 class Runner {
  public:
-  Runner(const Options& o, const Rank& r, DeviceMem* dev, ThreadBarrier* threads)
+  Runner(const Options& o, const Rank& r, DeviceMem* dev, ThreadShared* threads)
       : o_(o), r_(r), dev_(dev), threads_(threads) {}
 
   // count: elements per rank block (per-rank coll) or of the whole buffer.
@@ -298,31 +324,40 @@ class Runner {
 #endif
   }
 
-  void sync() { combine(0, ncclSum); }
-  // Every rank (-z 1): the threads of this process among themselves, or, one rank a process,
-  // through the library (nothing else joins the processes).
-  void barrier() {
+  // Every rank waits for every other.
+  void sync() {
     if (threads_) {
       threads_->wait();
     } else {
-      sync();
+      combine(0, ncclSum);
     }
   }
+  void barrier() { sync(); }
 
  public:
-  // Combines a per-rank value across all ranks with the communicator itself (on the GPU in
-  // device mode: NVIDIA's NCCL takes no host buffers).
+  // Combines a per-rank value across all ranks: among the threads of this process, or, one
+  // rank a process, with the communicator itself (nothing else joins the processes; on the GPU
+  // in device mode: NVIDIA's NCCL takes no host buffers).
   double combine(double v, ncclRedOp_t op) {
+    if (threads_) return threads_->combine(r_.rank, v, op);
+    ncclResult_t res;
 #ifdef TUTTI_HAVE_CUDA
     if (dev_) {
       dev_->toDevice(dev_->scratch(), &v, sizeof(v));
-      ncclAllReduce(dev_->scratch(), dev_->scratch(), 1, ncclDouble, op, r_.comm, dev_->stream());
+      res = ncclAllReduce(dev_->scratch(), dev_->scratch(), 1, ncclDouble, op, r_.comm,
+                          dev_->stream());
       dev_->sync();
       dev_->toHost(&v, dev_->scratch(), sizeof(v));
-      return v;
-    }
+    } else
 #endif
-    ncclAllReduce(&v, &v, 1, ncclDouble, op, r_.comm, nullptr);
+    {
+      res = ncclAllReduce(&v, &v, 1, ncclDouble, op, r_.comm, nullptr);
+    }
+    if (res != ncclSuccess) {  // the times and wrong counts of every rank would be lost
+      fprintf(stderr, "tutti-perf: rank %d: combining the ranks' results: %s: %s\n", r_.rank,
+              ncclGetErrorString(res), ncclGetLastError(r_.comm));
+      exit(1);
+    }
     return v;
   }
 
@@ -332,10 +367,10 @@ class Runner {
   std::vector<char> sendBuf_, recvBuf_;    // host buffers (--mem host)
   std::vector<char> hostSend_, hostRecv_;  // --mem device: the checked call's bytes on the host
   DeviceMem* dev_;                         // --mem device, else null
-  ThreadBarrier* threads_;                 // ranks as threads (-t), else null
+  ThreadShared* threads_;                  // ranks as threads (-t), else null
 };
 
-int runRank(const Options& o, const Rank& r, DeviceMem* dev, ThreadBarrier* threads, bool printer,
+int runRank(const Options& o, const Rank& r, DeviceMem* dev, ThreadShared* threads, bool printer,
             double* busSum, int* lines, long long* wrongTotal) {
   Runner run(o, r, dev, threads);
   const CollInfo& c = *o.coll;
@@ -504,7 +539,7 @@ int main(int argc, char** argv) {
     mems[t] = std::make_unique<DeviceMem>(o.maxBytes + 4096);
   }
 #endif
-  ThreadBarrier threadBarrier(int(ranks.size()));
+  ThreadShared shared(int(ranks.size()));
   std::vector<std::thread> threads;
   for (size_t t = 0; t < ranks.size(); ++t) {
     threads.emplace_back([&, t] {
@@ -515,7 +550,7 @@ int main(int argc, char** argv) {
         DeviceMem::check(cudaSetDevice(d), "cudaSetDevice");
       }
 #endif
-      runRank(o, ranks[t], mems[t].get(), launched ? nullptr : &threadBarrier, printer && t == 0,
+      runRank(o, ranks[t], mems[t].get(), launched ? nullptr : &shared, printer && t == 0,
               &busSum[t], &lines[t], &wrong[t]);
     });
   }
