@@ -557,9 +557,15 @@ int main(int argc, char** argv) {
   for (auto& th : threads) th.join();
   mems.clear();
   for (Rank& r : ranks) ncclCommDestroy(r.comm);
+  // NCCL_TESTS_MIN_BW (nccl-tests' health check): the average bus bandwidth must reach 90% of
+  // it, else FAILED and exit status 1.
+  const double avgBus = lines[0] ? busSum[0] / lines[0] : 0.0;
+  const char* minBw = getenv("NCCL_TESTS_MIN_BW");
+  const double floor = minBw && *minBw ? 0.9 * atof(minBw) : -1;
+  const bool slow = floor >= 0 && avgBus < floor;
   if (printer) {
     printf("# Out of bounds values : %lld %s\n", wrong[0], wrong[0] ? "FAILED" : "OK");
-    printf("# Avg bus bandwidth    : %g \n#\n", lines[0] ? busSum[0] / lines[0] : 0.0);
+    printf("# Avg bus bandwidth    : %g %s\n#\n", avgBus, floor < 0 ? "" : slow ? "FAILED" : "OK");
   }
-  return wrong[0] ? 1 : 0;
+  return wrong[0] || slow ? 1 : 0;
 }

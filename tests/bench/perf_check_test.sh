@@ -88,6 +88,17 @@ for flags in "-h" "all_reduce --help"; do
   fi
 done
 
+# NCCL_TESTS_MIN_BW, nccl-tests' health check: an average bus bandwidth under 90% of it fails.
+out=$(NCCL_TESTS_MIN_BW=1e12 "$perf" all_reduce -b 8 -e 64K -f 64 -t 2 -n 1 -w 0 2>&1)
+rc=$?
+if [ "$rc" != 1 ] || ! grep -q "Avg bus bandwidth    : .* FAILED" <<<"$out"; then
+  fail "NCCL_TESTS_MIN_BW=1e12: exit status $rc: $out"
+fi
+if ! out=$(NCCL_TESTS_MIN_BW=0 "$perf" all_reduce -b 8 -e 64K -f 64 -t 2 -n 1 -w 0 2>&1) ||
+  ! grep -q "Avg bus bandwidth    : .* OK" <<<"$out"; then
+  fail "NCCL_TESTS_MIN_BW=0: $out"
+fi
+
 # -f wins over -i whatever their order, as in nccl-tests.
 for flags in "-f 4 -i 1K" "-i 1K -f 4"; do
   # shellcheck disable=SC2086
