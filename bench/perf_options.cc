@@ -164,11 +164,11 @@ Options parse(int argc, char** argv) {
         if (t == "bf16") t = "bfloat16";
         if (t == "fp8e4m3") t = "f8e4m3";
         if (t == "fp8e5m2") t = "f8e5m2";
-        o.dtype = -1;
+        o.dtypes.clear();
         for (int k = 0; k < ncclNumTypes; ++k) {
-          if (t == kTypeNames[k]) o.dtype = k;
+          if (t == kTypeNames[k] || t == "all") o.dtypes.push_back(k);
         }
-        if (o.dtype < 0) usage(("unknown datatype " + t).c_str());
+        if (o.dtypes.empty()) usage(("unknown datatype " + t).c_str());
         break;
       }
       default:

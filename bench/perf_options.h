@@ -52,7 +52,7 @@ struct Options {
   size_t minBytes = 32 << 20, maxBytes = 32 << 20, stepBytes = 1 << 20;
   double factor = 0;
   int iters = 20, warmup = 5, check = 1, root = 0, threads = 1, average = 1, agg = 1;
-  int dtype = ncclFloat;
+  std::vector<int> dtypes{ncclFloat};  // -d (all: every type)
   std::vector<int> ops{ncclSum};
   bool deviceMem = false;
   bool blocking = false;  // -z 1

@@ -85,9 +85,10 @@ class Runner {
   Runner(const Options& o, const Rank& r, DeviceMem* dev, ThreadShared* threads)
       : o_(o), r_(r), dev_(dev), threads_(threads) {}
 
-  // count: elements per rank block (per-rank coll) or of the whole buffer.
-  Result run(size_t count, int op, bool inPlace) {
-    const size_t es = typeSize(o_.dtype), n = size_t(r_.nranks);
+  // count: elements per rank block (per-rank coll) or of the whole buffer, of type dtype.
+  Result run(size_t count, int dtype, int op, bool inPlace) {
+    dtype_ = dtype;
+    const size_t es = typeSize(dtype_), n = size_t(r_.nranks);
     const CollInfo& c = *o_.coll;
     size_t sendElems = count, recvElems = count;
     if (c.perRankBlocks) {
@@ -189,7 +190,7 @@ class Runner {
       seconds = (now() - t0) / o_.iters / o_.agg;
     }
     long long wrong = 0;
-    const Inputs inputs(o_.dtype, c.reduces ? op : -1, r_.nranks);
+    const Inputs inputs(dtype_, c.reduces ? op : -1, r_.nranks);
     // -c N: N checked calls, each on buffers of its own place (the first at the start).
     for (int k = 0; k < o_.check; ++k) {
       auto [send, recv] = buffers(size_t(k));
@@ -211,7 +212,7 @@ class Runner {
 #endif
       if (!dev_ && poison) memset(recv, 0xff, recvElems * es);
       for (size_t j = 0; j < sendElems; ++j)
-        tutti::cpu::storeElem(o_.dtype, inputs.at(r_.rank, j), hs + j * es);
+        tutti::cpu::storeElem(dtype_, inputs.at(r_.rank, j), hs + j * es);
 #ifdef TUTTI_HAVE_CUDA
       if (dev_) dev_->toDevice(send, hs, sendElems * es);
       if (dev_ && o_.graphLaunches > 0) {
@@ -239,7 +240,7 @@ class Runner {
 
  private:
   ncclResult_t call(const void* s, void* r, size_t count, int op) {
-    auto t = static_cast<ncclDataType_t>(o_.dtype);
+    auto t = static_cast<ncclDataType_t>(dtype_);
     auto rop = static_cast<ncclRedOp_t>(op);
     ncclComm_t cm = r_.comm;
     cudaStream_t st = stream();
@@ -271,11 +272,11 @@ class Runner {
   }
 
   long long verify(const char* recv, size_t count, const Inputs& in) {
-    const size_t es = typeSize(o_.dtype);
+    const size_t es = typeSize(dtype_);
     const int n = r_.nranks, me = r_.rank;
     long long wrong = 0;
     auto expect = [&](size_t at, double want) {
-      double got = tutti::cpu::loadElem(o_.dtype, recv + at * es);
+      double got = tutti::cpu::loadElem(dtype_, recv + at * es);
       if (!(std::fabs(got - want) <= in.tolerance(want))) ++wrong;
     };
     for (size_t i = 0; i < count; ++i) {
@@ -368,56 +369,65 @@ class Runner {
   std::vector<char> hostSend_, hostRecv_;  // --mem device: the checked call's bytes on the host
   DeviceMem* dev_;                         // --mem device, else null
   ThreadShared* threads_;                  // ranks as threads (-t), else null
+  int dtype_ = ncclFloat;                  // the type of the run under way
 };
 
-int runRank(const Options& o, const Rank& r, DeviceMem* dev, ThreadShared* threads, bool printer,
-            double* busSum, int* lines, long long* wrongTotal) {
-  Runner run(o, r, dev, threads);
+// One line per size for one type and op (out of place, then in place).
+void runSizes(const Options& o, const Rank& r, Runner& run, int dtype, int op, bool printer,
+              double* busSum, int* lines, long long* wrongTotal) {
   const CollInfo& c = *o.coll;
-  const size_t es = typeSize(o.dtype), n = size_t(r.nranks);
+  const size_t es = typeSize(dtype), n = size_t(r.nranks);
   for (size_t bytes = o.minBytes; bytes <= o.maxBytes;
        bytes = o.factor > 1 ? size_t(std::max(double(bytes + 1), bytes * o.factor))
                             : bytes + std::max<size_t>(o.stepBytes, 1)) {
     size_t total = std::max<size_t>(bytes / es, 0);
     size_t count = c.perRankBlocks ? total / n : total;
     total = c.perRankBlocks ? count * n : count;
-    for (int op : (c.reduces ? o.ops : std::vector<int>{-1})) {
-      char line[512];
-      int len =
-          // count: elements per rank where each rank holds a block (as nccl-tests prints it).
-          snprintf(line, sizeof(line), "%12zu  %12zu  %8s  %6s  %6d", total * es,
-                   c.perRankBlocks ? count : total, kTypeNames[o.dtype],
-                   op >= 0 ? kOpNames[op] : "none", c.rooted ? o.root : -1);
-      for (bool inPlace : {false, true}) {
-        Result res = run.run(count, op, inPlace);
-        double t = res.seconds;
-        if (t >= 0) {
-          ncclRedOp_t how = o.average == 2 ? ncclMin : o.average == 3 ? ncclMax : ncclSum;
-          t = run.combine(t, how);
-          if (o.average == 1) t /= r.nranks;
-          if (o.average == 0) t = res.seconds;  // rank 0's own time
-        }
-        long long wrong = (long long)run.combine(double(res.wrong), ncclSum);
-        double algbw = t > 0 ? double(total * es) / t / 1e9 : 0;
-        double factor = 1;
-        if (c.coll == Coll::kAllReduce) factor = 2.0 * double(n - 1) / double(n);
-        if (c.perRankBlocks) factor = double(n - 1) / double(n);
-        double busbw = algbw * factor;
-        if (t < 0) {
-          len += snprintf(line + len, sizeof(line) - size_t(len), "  %8s  %6s  %6s  %6s", "N/A",
-                          "N/A", "N/A", "N/A");
-        } else {
-          len += snprintf(line + len, sizeof(line) - size_t(len), "  %8.2f  %6.2f  %6.2f  %6lld",
-                          t * 1e6, algbw, busbw, o.check ? wrong : -1LL);
-          *busSum += busbw;
-          ++*lines;
-          *wrongTotal += wrong;
-        }
+    char line[512];
+    int len =
+        // count: elements per rank where each rank holds a block (as nccl-tests prints it).
+        snprintf(line, sizeof(line), "%12zu  %12zu  %8s  %6s  %6d", total * es,
+                 c.perRankBlocks ? count : total, kTypeNames[dtype],
+                 op >= 0 ? kOpNames[op] : "none", c.rooted ? o.root : -1);
+    for (bool inPlace : {false, true}) {
+      Result res = run.run(count, dtype, op, inPlace);
+      double t = res.seconds;
+      if (t >= 0) {
+        ncclRedOp_t how = o.average == 2 ? ncclMin : o.average == 3 ? ncclMax : ncclSum;
+        t = run.combine(t, how);
+        if (o.average == 1) t /= r.nranks;
+        if (o.average == 0) t = res.seconds;  // rank 0's own time
       }
-      if (printer) printf("%s\n", line);
+      long long wrong = (long long)run.combine(double(res.wrong), ncclSum);
+      double algbw = t > 0 ? double(total * es) / t / 1e9 : 0;
+      double factor = 1;
+      if (c.coll == Coll::kAllReduce) factor = 2.0 * double(n - 1) / double(n);
+      if (c.perRankBlocks) factor = double(n - 1) / double(n);
+      double busbw = algbw * factor;
+      if (t < 0) {
+        len += snprintf(line + len, sizeof(line) - size_t(len), "  %8s  %6s  %6s  %6s", "N/A",
+                        "N/A", "N/A", "N/A");
+      } else {
+        len += snprintf(line + len, sizeof(line) - size_t(len), "  %8.2f  %6.2f  %6.2f  %6lld",
+                        t * 1e6, algbw, busbw, o.check ? wrong : -1LL);
+        *busSum += busbw;
+        ++*lines;
+        *wrongTotal += wrong;
+      }
     }
+    if (printer) printf("%s\n", line);
     if (bytes == o.maxBytes) break;
     if (o.factor <= 1 && o.stepBytes == 0) break;
+  }
+}
+
+int runRank(const Options& o, const Rank& r, DeviceMem* dev, ThreadShared* threads, bool printer,
+            double* busSum, int* lines, long long* wrongTotal) {
+  Runner run(o, r, dev, threads);
+  // As nccl-tests orders them: each type, each op, every size.
+  for (int dtype : o.dtypes) {
+    for (int op : (o.coll->reduces ? o.ops : std::vector<int>{-1}))
+      runSizes(o, r, run, dtype, op, printer, busSum, lines, wrongTotal);
   }
   return 0;
 }

@@ -5,7 +5,7 @@
 #    peer) are counted on every line of the sweep, with 3 ranks, every op and narrow types,
 #    where inputs that repeat every 3 elements or every 3 ranks let them pass;
 #  - correct results pass where the expected value must wrap nothing (int8 products over 24
-#    ranks), with -z 1 and -c 3;
+#    ranks), with -z 1, -c 3, -m 3, and every type and op (-d all -o all);
 #  - bad flags are refused with a message and exit status 2; -h prints the usage.
 #   perf_check_test.sh TUTTI_PERF WRONG_NCCL_SO
 set -uo pipefail
@@ -61,6 +61,7 @@ right all_reduce -b 8 -e 1K -f 128 -t 24 -n 1 -w 0 -d int8 -o prod
 right all_reduce -b 8 -e 1K -f 128 -t 24 -n 1 -w 0 -d uint8 -o all
 right reduce_scatter -b 8 -e 64K -f 32 -t 3 -n 3 -w 1 -z 1 -c 3 -o all -d bfloat16
 right all_gather -b 8 -e 64K -f 32 -t 2 -n 4 -w 1 -m 3 -c 2
+right all_reduce -b 8 -e 4K -f 64 -t 5 -n 1 -w 0 -d all -o all -c 1
 
 # refused FLAGS...: exit status 2 and a message naming the problem.
 refused() {
