@@ -165,7 +165,7 @@ bool loadCheckpoint(const std::string& path, Checkpoint* ck, std::string* error)
   Header h{};
   if (fread(&h, sizeof h, 1, f) != 1) return fail("too short for a header");
   if (memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("not a tutti-train checkpoint");
-  if (h.version != kVersion && h.version != 1) {
+  if (h.version < 1 || h.version > kVersion) {
     return fail("format version " + std::to_string(h.version) + ", this program reads " +
                 std::to_string(kVersion));
   }

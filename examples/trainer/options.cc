@@ -107,6 +107,10 @@ int parseOptions(int argc, char** argv, Options* o, std::string* error) {
       *error = a + " needs a value";
       return -1;
     }
+    if (has_inline && inline_value.empty()) {  // --resume=$UNSET must not mean "no resume"
+      *error = a + "= has no value";
+      return -1;
+    }
     const char* v = has_inline ? inline_value.c_str() : argv[++i];
     int64_t n = 0;
     double x = 0;

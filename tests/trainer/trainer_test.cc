@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -422,6 +423,8 @@ TEST(Trainer, OptionsAreParsedAndBadOnesNamed) {
   EXPECT_EQ(o.epochs, 7);
   EXPECT_DOUBLE_EQ(o.lr, 0.25);
   EXPECT_EQ(parse({"--epochs="}, &o, &err), -1);
+  EXPECT_EQ(parse({"--resume="}, &o, &err), -1);  // --resume=$UNSET: not "start afresh"
+  EXPECT_EQ(err, "--resume= has no value");
   EXPECT_EQ(parse({"--frobnicate=1"}, &o, &err), -1);
   EXPECT_EQ(err, "unknown option --frobnicate (see --help)");
   EXPECT_EQ(parse({"--help"}, &o, &err), 1);
@@ -529,6 +532,61 @@ TEST(Trainer, AResumeWithOtherOptimizerSettingsWarns) {
   EXPECT_NE(changed.find("--grad-dtype bf16, so it does not continue the same trajectory"),
             std::string::npos)
       << changed;
+  remove(path.c_str());
+}
+
+// FNV-1a, the checkpoints' checksum (examples/trainer/checkpoint.cc), to write older versions.
+uint64_t fnv1a(uint64_t h, const std::string& bytes) {
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// Checkpoints of versions 1 and 2 (made here from a version 3 one: without the settings after
+// the 64-byte header, version 1 also without the training set's size and with the checksum
+// over the arrays alone) still load, and resume without a settings warning.
+TEST(Trainer, CheckpointsOfVersionsOneAndTwoStillLoad) {
+  const std::string path = ::testing::TempDir() + "/tutti_ck_v3";
+  Options o = quiet();
+  o.max_steps = 2;
+  o.checkpoint = path;
+  expectAllOk(runRanks(2, o));
+  std::string v3;
+  {
+    std::ifstream f(path, std::ios::binary);
+    v3.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  ASSERT_GT(v3.size(), 96u);
+  Checkpoint want;
+  std::string err;
+  ASSERT_TRUE(loadCheckpoint(path, &want, &err)) << err;
+  for (uint32_t version : {1u, 2u}) {
+    std::string header = v3.substr(0, 64), arrays = v3.substr(96);
+    memcpy(&header[8], &version, 4);
+    if (version == 1) memset(&header[52], 0, 4);  // no training set size
+    memset(&header[56], 0, 8);
+    const uint64_t basis = 0xcbf29ce484222325ull;
+    const uint64_t sum = version == 1 ? fnv1a(basis, arrays) : fnv1a(fnv1a(basis, header), arrays);
+    memcpy(&header[56], &sum, 8);
+    const std::string old = ::testing::TempDir() + "/tutti_ck_v" + std::to_string(version);
+    {
+      std::ofstream f(old, std::ios::binary);
+      f << header << arrays;
+    }
+    Checkpoint ck;
+    ASSERT_TRUE(loadCheckpoint(old, &ck, &err)) << "version " << version << ": " << err;
+    EXPECT_FALSE(ck.has_settings);
+    EXPECT_EQ(ck.step, 2);
+    EXPECT_EQ(ck.params, want.params);
+    EXPECT_EQ(ck.momentum, want.momentum);
+    EXPECT_EQ(ck.train_samples, version == 1 ? 0 : want.train_samples);
+    Options r = quiet();
+    r.resume = old;
+    r.max_steps = 3;
+    std::vector<TrainResult> rs = runRanks(2, r);
+    expectAllOk(rs);
+    EXPECT_EQ(rs[0].steps, 3);
+    remove(old.c_str());
+  }
   remove(path.c_str());
 }
 
