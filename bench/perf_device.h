@@ -43,7 +43,6 @@ class DeviceMem {
       exit(1);
     }
   }
-  size_t bytes() const { return bytes_; }  // of each buffer
   char* send() const { return static_cast<char*>(send_); }
   char* recv() const { return static_cast<char*>(recv_); }
   double* scratch() const { return static_cast<double*>(scratch_); }

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -105,19 +106,23 @@ class Runner {
     const size_t big = std::max(sendElems, recvElems) * es;
     char* sendBase = nullptr;
     char* recvBase = nullptr;
-    size_t room = 0;
+    const size_t room = std::max(o_.maxBytes, big);  // (device memory has 4 KiB to spare)
 #ifdef TUTTI_HAVE_CUDA
     if (dev_) {
-      dev_->reserve(std::max<size_t>(big, 1));
+      dev_->reserve(std::max<size_t>(room, 1));
       sendBase = dev_->send();
       recvBase = dev_->recv();
-      room = dev_->bytes();
     }
 #endif
     if (!dev_) {
-      room = std::max(o_.maxBytes, big);
-      if (recvBuf_.size() < room) recvBuf_.assign(room, 0);
-      if (sendBuf_.size() < room) sendBuf_.assign(room, 0);
+      try {
+        if (recvBuf_.size() < room) recvBuf_.assign(room, 0);
+        if (sendBuf_.size() < room) sendBuf_.assign(room, 0);
+      } catch (const std::bad_alloc&) {
+        fprintf(stderr, "tutti-perf: rank %d: no room for two host buffers of %zu bytes (-e)\n",
+                r_.rank, room);
+        exit(1);
+      }
       sendBase = sendBuf_.data();
       recvBase = recvBuf_.data();
     }
@@ -432,6 +437,14 @@ int runRank(const Options& o, const Rank& r, DeviceMem* dev, ThreadShared* threa
   return 0;
 }
 
+// The launcher's count of processes (0: none said).
+int launcherSize() {
+  for (const char* name : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+    if (const char* v = getenv(name)) return atoi(v);
+  }
+  return 0;
+}
+
 // A task srun started (a job step's), not a batch script or an allocation's shell, which
 // Slurm also gives SLURM_PROCID and SLURM_NTASKS: their step is "batch", "extern" or
 // "interactive", or has no id.
@@ -494,9 +507,12 @@ int main(int argc, char** argv) {
   // A process started by a launcher as one of its ranks: a rank variable is set (the size alone
   // is not enough: a Slurm batch script or salloc shell has SLURM_NTASKS, and its
   // tutti-perf -t N runs ranks as threads; a task that srun started has its step's id).
-  const bool launched = (getenv("RANK") && getenv("WORLD_SIZE")) ||
-                        getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK") ||
-                        (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS") && slurmTask());
+  // A job of one process (srun -n 1 tutti-perf -t 8, as nccl-tests is run) runs its -t ranks
+  // as threads.
+  const bool launched =
+      ((getenv("RANK") && getenv("WORLD_SIZE")) || getenv("OMPI_COMM_WORLD_RANK") ||
+       getenv("PMI_RANK") || (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS") && slurmTask())) &&
+      !(o.threads > 1 && launcherSize() == 1);
   std::vector<Rank> ranks;
   if (launched) {
     if (o.threads != 1) {
@@ -566,12 +582,19 @@ int main(int argc, char** argv) {
   }
   for (auto& th : threads) th.join();
   mems.clear();
-  for (Rank& r : ranks) ncclCommDestroy(r.comm);
   // NCCL_TESTS_MIN_BW (nccl-tests' health check): the average bus bandwidth must reach 90% of
-  // it, else FAILED and exit status 1.
-  const double avgBus = lines[0] ? busSum[0] / lines[0] : 0.0;
+  // it, else FAILED and exit status 1 -- rank 0's figure on every rank (with -a 0 each rank's
+  // own times would give each its own).
+  double avgBus = lines[0] ? busSum[0] / lines[0] : 0.0;
   const char* minBw = getenv("NCCL_TESTS_MIN_BW");
   const double floor = minBw && *minBw ? 0.9 * atof(minBw) : -1;
+  if (launched && floor >= 0 &&
+      ncclBroadcast(&avgBus, &avgBus, 1, ncclDouble, 0, ranks[0].comm, nullptr) != ncclSuccess) {
+    fprintf(stderr, "tutti-perf: rank %d: NCCL_TESTS_MIN_BW: rank 0's bandwidth: %s\n",
+            ranks[0].rank, ncclGetLastError(ranks[0].comm));
+    return 1;
+  }
+  for (Rank& r : ranks) ncclCommDestroy(r.comm);
   const bool slow = floor >= 0 && avgBus < floor;
   if (printer) {
     printf("# Out of bounds values : %lld %s\n", wrong[0], wrong[0] ? "FAILED" : "OK");

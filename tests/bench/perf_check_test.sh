@@ -7,10 +7,12 @@
 #  - correct results pass where the expected value must wrap nothing (int8 products over 24
 #    ranks), with -z 1, -c 3, -m 3, and every type and op (-d all -o all);
 #  - bad flags are refused with a message and exit status 2; -h prints the usage.
-#   perf_check_test.sh TUTTI_PERF WRONG_NCCL_SO
+#  - a launcher's job of one process runs -t N as threads; of more, refuses -t N.
+#   perf_check_test.sh TUTTI_PERF WRONG_NCCL_SO TUTTI_RUN
 set -uo pipefail
 perf=$1
 shim=$2
+run=$3
 export NCCL_SOCKET_IFNAME=lo
 failed=0
 fail() {
@@ -99,6 +101,23 @@ if ! out=$(NCCL_TESTS_MIN_BW=0 "$perf" all_reduce -b 8 -e 64K -f 64 -t 2 -n 1 -w
   ! grep -q "Avg bus bandwidth    : .* OK" <<<"$out"; then
   fail "NCCL_TESTS_MIN_BW=0: $out"
 fi
+
+# Under a launcher: every rank fails alike by rank 0's bandwidth, whatever -a says.
+if out=$(NCCL_TESTS_MIN_BW=1e12 "$run" -n 2 "$perf" all_reduce -b 8 -e 64K -f 64 -n 1 -w 0 -a 0 \
+  2>&1) || ! grep -q "Avg bus bandwidth    : .* FAILED" <<<"$out"; then
+  fail "NCCL_TESTS_MIN_BW=1e12 under tutti-run: $out"
+fi
+
+# A launcher's job of one process runs -t N as threads (srun -n 1 tutti-perf -t 8); of two, it
+# refuses -t N.
+if ! out=$(RANK=0 WORLD_SIZE=1 "$perf" all_reduce -t 3 -b 8 -e 1K -n 1 -w 0 2>&1) ||
+  ! grep -q "host memory: 3 rank(s) in all" <<<"$out"; then
+  fail "RANK=0 WORLD_SIZE=1 -t 3: $out"
+fi
+out=$(RANK=0 WORLD_SIZE=2 "$perf" all_reduce -t 3 -b 8 -e 1K -n 1 -w 0 2>&1)
+rc=$?
+[ "$rc" = 2 ] && grep -q "each process is one rank" <<<"$out" ||
+  fail "RANK=0 WORLD_SIZE=2 -t 3: exit status $rc: $out"
 
 # -f wins over -i whatever their order, as in nccl-tests.
 for flags in "-f 4 -i 1K" "-i 1K -f 4"; do
