@@ -2,8 +2,9 @@
 # tutti-perf's check and command line:
 #  - results made wrong by a library preloaded in front of tutti (wrong_nccl.cc: a result moved
 #    one element, a reduce-scatter block of the wrong rank, an all-gather block of the wrong
-#    peer) are counted on every line of the sweep, with 3 ranks, every op and narrow types,
-#    where inputs that repeat every 3 elements or every 3 ranks let them pass;
+#    peer, a broadcast or reduce of the wrong root, sends and receives of the wrong peers) are
+#    counted on every line of the sweep, with 3 ranks, every op and narrow types, where inputs
+#    that repeat every 3 elements or every 3 ranks let them pass;
 #  - correct results pass where the expected value must wrap nothing (int8 products over 24
 #    ranks), with -z 1, -c 3, -m 3, and every type and op (-d all -o all);
 #  - bad flags are refused with a message and exit status 2; -h prints the usage.
@@ -47,6 +48,9 @@ for d in float int8 f8e5m2 uint8; do
   wrong neighbour reduce_scatter "${sweep[@]}" -d "$d"
 done
 wrong rank all_gather -b 16 -e 64K -f 8 -t 3 -n 1 -w 0 -d half
+wrong root broadcast -b 16 -e 64K -f 8 -t 3 -n 1 -w 0 -d int8 -r 1
+wrong root reduce -b 16 -e 64K -f 8 -t 3 -n 1 -w 0 -d bfloat16 -o all -r 2
+wrong peer sendrecv -b 16 -e 64K -f 8 -t 3 -n 1 -w 0 -d f8e4m3
 
 # right COLL ARGS...: passes.
 right() {

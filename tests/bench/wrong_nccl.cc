@@ -4,6 +4,9 @@
 //   shift      ncclAllReduce's result moved one element down (a misplaced copy)
 //   neighbour  ncclReduceScatter returns the next rank's block (a block taken from a wrong place)
 //   rank       ncclAllGather's block of rank 1 holds rank 2's (a wrong peer read)
+//   root       ncclBroadcast and ncclReduce run from / to the next rank after the root
+//   peer       ncclSend goes two ranks on, ncclRecv takes from two ranks back (every rank alike,
+//              so the pairs still meet)
 // Host buffers only (the calls have completed when they return).
 #include <dlfcn.h>
 
@@ -80,6 +83,45 @@ WRONG_EXPORT ncclResult_t ncclAllGather(const void* send, void* recv, size_t cou
     memcpy(static_cast<char*>(recv) + b, static_cast<char*>(recv) + 2 * b, b);
   }
   return r;
+}
+
+WRONG_EXPORT ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count,
+                                        ncclDataType_t t, int root, ncclComm_t comm,
+                                        cudaStream_t s) {
+  using Fn =
+      ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  static const Fn fn = real<Fn>("ncclBroadcast");
+  int n = 1;
+  ncclCommCount(comm, &n);
+  return fn(send, recv, count, t, mode() == "root" ? (root + 1) % n : root, comm, s);
+}
+
+WRONG_EXPORT ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t t,
+                                     ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t s) {
+  using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int,
+                              ncclComm_t, cudaStream_t);
+  static const Fn fn = real<Fn>("ncclReduce");
+  int n = 1;
+  ncclCommCount(comm, &n);
+  return fn(send, recv, count, t, op, mode() == "root" ? (root + 1) % n : root, comm, s);
+}
+
+WRONG_EXPORT ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer,
+                                   ncclComm_t comm, cudaStream_t s) {
+  using Fn = ncclResult_t (*)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  static const Fn fn = real<Fn>("ncclSend");
+  int n = 1;
+  ncclCommCount(comm, &n);
+  return fn(send, count, t, mode() == "peer" ? (peer + 1) % n : peer, comm, s);
+}
+
+WRONG_EXPORT ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer,
+                                   ncclComm_t comm, cudaStream_t s) {
+  using Fn = ncclResult_t (*)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  static const Fn fn = real<Fn>("ncclRecv");
+  int n = 1;
+  ncclCommCount(comm, &n);
+  return fn(recv, count, t, mode() == "peer" ? (peer - 1 + n) % n : peer, comm, s);
 }
 
 }  // extern "C"
