@@ -20,8 +20,18 @@
 
 namespace tutti {
 
+struct Comm::Family {
+  std::mutex mu;
+  std::vector<std::shared_future<Status>> helpers;  // guarded by mu
+  std::atomic<bool> pending{false};
+};
+
 Comm::Comm(int rank, int nranks, int cudaDev, CommConfig config)
-    : rank_(rank), nranks_(nranks), cudaDev_(cudaDev), config_(std::move(config)) {
+    : rank_(rank),
+      nranks_(nranks),
+      cudaDev_(cudaDev),
+      config_(std::move(config)),
+      family_(std::make_shared<Family>()) {
   asyncCode_.store(Code::kInProgress);
 }
 
@@ -224,6 +234,7 @@ Status Comm::init(const wire::UniqueId& id) {
   for (const PeerInfo& p : peers_) {
     peersOnLocalGpus_ &= p.cudaDev >= 0 && p.hostHash == peers_[size_t(rank())].hostHash;
   }
+  threadsShareGpu_ = peersOnLocalGpus_ && parentThreadsShareGpu_;
   for (size_t a = 0; a < peers_.size() && peersOnLocalGpus_ && !threadsShareGpu_; ++a) {
     for (size_t b = a + 1; b < peers_.size() && !threadsShareGpu_; ++b) {
       const PeerInfo &p = peers_[a], &q = peers_[b];
@@ -354,10 +365,13 @@ void waitAdopted(std::mutex& mu, std::vector<std::shared_future<T>>* list,
 }  // namespace
 
 void Comm::adoptHelper(std::shared_future<Status> work) {
+  adopt(family_->mu, &family_->helpers, &family_->pending, work);
   adopt(mu_, &helpers_, &helpersPending_, std::move(work));
 }
 
 void Comm::waitHelpers() { waitAdopted(mu_, &helpers_, &helpersPending_); }
+
+void Comm::waitFamilyHelpers() { waitAdopted(family_->mu, &family_->helpers, &family_->pending); }
 
 void Comm::adoptRingUser(std::shared_future<void> done) {
   adopt(mu_, &ringUsers_, &ringUsersPending_, std::move(done));

@@ -55,14 +55,23 @@ class Comm {
   // Records the outcome of init (or split) done on the caller's thread.
   void finish(const Status& s);
   // Background work started on this comm's behalf that must end before it is freed
-  // (a NOCOLOR rank still takes part in its parent's split exchange, for instance).
+  // (a NOCOLOR rank still takes part in its parent's split exchange, for instance). It joins
+  // the family's too (waitFamilyHelpers).
   void adoptHelper(std::shared_future<Status> work);
   // Waits until the background work adopted so far has ended (its result is reported where it
-  // belongs, not here). A device operation of a communicator whose ranks share a GPU as
-  // threads calls it first: a non-blocking split's new communicators make their GPU links in
-  // the background, which may wait for the whole GPU, and this operation's kernel would wait
-  // for the ranks making them (DeviceEngine::connectAtCreation). One atomic load when none.
+  // belongs, not here). One atomic load when none.
   void waitHelpers();
+  // The same for the work adopted by every communicator of this one's family: the one it was
+  // split from, and every split of theirs, down the tree. A device operation of a communicator
+  // whose ranks share a GPU as threads calls it first: a non-blocking split's new communicators
+  // make their GPU links in the background, which may wait for the whole GPU, and this
+  // operation's kernel would wait for ranks whose threads wait for those links -- a rank of
+  // no colour in that split that goes on to a sibling communicator, say, whose kernel waits
+  // for a member still waiting for its new child (DeviceEngine::connectAtCreation). Every rank
+  // that calls the split before this operation (one order of calls on every rank) lets it end.
+  void waitFamilyHelpers();
+  // A split's child, before init: its family is its parent's.
+  void joinFamilyOf(const Comm& parent) { family_ = parent.family_; }
   // Background work's use of the bootstrap ring (a non-blocking split's exchange: two
   // all-gathers from its helper thread): `done` is ready once it no longer uses the ring. The
   // first GPU collective, whose ring links end with a barrier on that ring, waits for it first
@@ -101,10 +110,15 @@ class Comm {
   // Every rank is a GPU rank of this host (what GPU buffers in a collective need), as the
   // peer exchange at init found.
   bool peersOnLocalGpus() const { return peersOnLocalGpus_; }
-  // Two ranks of this communicator are threads of one process on one GPU (and every rank is
-  // on a GPU of this host): their kernels wait for each other, so the communicator makes its
-  // GPU links at creation (DeviceEngine::connectAtCreation). Alike on every rank.
+  // Two ranks of this communicator, or of the one it was split from, are threads of one
+  // process on one GPU (and every rank is on a GPU of this host): their kernels wait for each
+  // other, so the communicator makes its GPU links at creation (DeviceEngine::connectAtCreation),
+  // and its splits end with a barrier of it (runSplit). A split's child on GPUs none of its
+  // own ranks share still does: the parent's kernel on one of them may wait for a thread that
+  // would otherwise allocate the child's links at its first collective. Alike on every rank.
   bool threadsShareGpu() const { return threadsShareGpu_; }
+  // Set on a split's child before init: its parent's threadsShareGpu().
+  void setParentThreadsShareGpu(bool v) { parentThreadsShareGpu_ = v; }
   // Split re-seats the identity before init (rank and size are learned from the parent).
   void setIdentity(int rank, int nranks) { rank_ = rank, nranks_ = nranks; }
 
@@ -165,9 +179,12 @@ class Comm {
   std::vector<PeerInfo> peers_;
   bool peersOnLocalGpus_ = false;
   bool threadsShareGpu_ = false;
+  bool parentThreadsShareGpu_ = false;
   std::thread worker_;
   std::vector<std::shared_future<Status>> helpers_;  // guarded by mu_
   std::atomic<bool> helpersPending_{false};          // helpers_ may hold unfinished work
+  struct Family;                                     // the helpers of the split tree's comms
+  std::shared_ptr<Family> family_;
   std::vector<std::shared_future<void>> ringUsers_;  // guarded by mu_
   std::atomic<bool> ringUsersPending_{false};        // ringUsers_ may hold unfinished ones
   std::atomic<uint64_t> nextSplitTicket_{0};

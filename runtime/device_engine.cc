@@ -259,12 +259,12 @@ void DeviceEngine::warnTooFewResidentBlocks(int resident) const {
 }
 
 Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {
-  // Where ranks share a GPU as threads, every GPU operation waits for the splits adopted on
-  // the communicator (Comm::waitHelpers says why); elsewhere the collective whose links end
-  // with the ring's first barrier (connect) waits for their exchanges on the ring
-  // (Comm::waitRingUsers).
+  // Where ranks share a GPU as threads, every GPU operation waits for the splits adopted in
+  // the communicator's family (Comm::waitFamilyHelpers says why); elsewhere the collective
+  // whose links end with the ring's first barrier (connect) waits for their exchanges on the
+  // ring (Comm::waitRingUsers).
   if (comm_.threadsShareGpu()) {
-    comm_.waitHelpers();
+    comm_.waitFamilyHelpers();
   } else if (!ringConnected_.load(std::memory_order_relaxed) &&
              devplan::usesRing(comm_.nranks(), ops, nops)) {
     comm_.waitRingUsers();

@@ -140,6 +140,11 @@ class DeviceEngine {
   // Whether ranks of this process share this GPU as threads (this communicator's, or another
   // engine's here): then the destructor frees on a thread of its own (Reaper).
   bool threadsShareGpuHere() const;
+  // Whether a rank of this communicator is a thread of this process on another GPU: a link to
+  // it frees that rank's FIFO (on its GPU) where this end goes last, and cudaFree waits for
+  // that whole GPU, whose kernel of another communicator may wait for this thread's next call.
+  // Then the destructor frees on a thread of its own too.
+  bool threadsOnOtherGpus() const;
   // Joins the process's list of engines othersBusyOnGpu looks through (the destructor leaves).
   void listEngine();
   // What a timeout adds where ranks of this communicator share this GPU as threads: "" if none.

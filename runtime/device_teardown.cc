@@ -167,8 +167,11 @@ DeviceEngine::~DeviceEngine() {
     // flight on this GPU: that kernel may wait for a peer that this aborting thread was about
     // to abort next (a watchdog ending one communicator after another). In a destroy, only a
     // kernel that may wait for a thread of this process counts (any other kernel ends without
-    // this thread, and cudaFree waits for it as NCCL's does).
-    const bool offThread = threadsShareGpuHere();
+    // this thread, and cudaFree waits for it as NCCL's does). So too where ranks of this
+    // communicator are threads on other GPUs: the last end of a link frees the FIFO on its
+    // peer's GPU, where a kernel of another communicator may wait for this thread (a peer that
+    // aborted its end first and went on to its next collective; threadsOnOtherGpus).
+    const bool offThread = threadsShareGpuHere() || threadsOnOtherGpus();
     const bool othersBusy = !keep && !offThread && othersBusyOnGpu(/*siblingsOnly=*/!aborted);
     keep = keep || othersBusy;
     if (aborted) breakLinks();  // peers' kernels stop before anything is freed
@@ -282,6 +285,15 @@ bool DeviceEngine::threadsShareGpuHere() const {
   std::lock_guard<std::mutex> lock(l.mu);
   for (const DeviceEngine* e : l.engines) {
     if (e != this && e->comm_.cudaDev() == comm_.cudaDev() && e->siblings_ > 0) return true;
+  }
+  return false;
+}
+
+bool DeviceEngine::threadsOnOtherGpus() const {
+  const std::vector<PeerInfo>& peers = comm_.peers();
+  const PeerInfo& me = peers[size_t(comm_.rank())];
+  for (const PeerInfo& p : peers) {
+    if (p.pid == me.pid && p.pidNs == me.pidNs && p.cudaDev >= 0 && !sameGpu(p, me)) return true;
   }
   return false;
 }

@@ -254,6 +254,8 @@ Result<Started> splitComm(Comm* parent, int color, int key, CommConfig config) {
     return Started{nullptr, false, done};
   }
   auto* comm = new Comm(-1, 0, parent->cudaDev(), std::move(config));
+  comm->setParentThreadsShareGpu(parent->threadsShareGpu());
+  comm->joinFamilyOf(*parent);
   auto ring = std::make_shared<std::promise<void>>();
   std::shared_future<void> ringDone = ring->get_future().share();
   Result<Started> started = launch(comm, [comm, parent, ticket, color, key, ring]() -> Status {

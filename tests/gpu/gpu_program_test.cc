@@ -70,6 +70,9 @@ TEST_P(GpuPrograms, QueuedOperationsEachMatchTheOracle) {
   const int length = lengthEnv && *lengthEnv ? atoi(lengthEnv) : s.length;
   const std::vector<ProgramStep> program =
       randomProgram(s.nranks, kFifoBytes, seed, length, s.hostSteps);
+  // TUTTI_PROGRAM_GPUS=G: ranks on threads go to GPU rank % G, so that links cross GPUs (peer
+  // access) beside links within one.
+  const int gpus = spreadGpus("TUTTI_PROGRAM_GPUS");
   std::vector<std::string> failures;
   auto makeStreams = [&](void* streams[2]) {
     for (int k = 0; k < (s.oneStream ? 1 : 2); ++k) {
@@ -105,11 +108,12 @@ TEST_P(GpuPrograms, QueuedOperationsEachMatchTheOracle) {
       for (ProgramRank& pr : run.ranks) dropStreams(pr.streams);
     }
   } else {
-    comms = initThreads(s.nranks);
-    ASSERT_EQ(comms.size(), size_t(s.nranks));
+    comms = initThreadsOnGpus(s.nranks, gpus);
+    for (ncclComm_t c : comms) ASSERT_NE(c, nullptr);
     std::mutex mu;
     ThreadBarrier barrier(s.nranks);
     onThreads(s.nranks, [&](int rank) {
+      EXPECT_EQ(cudaSetDevice(rank % gpus), cudaSuccess);
       ProgramRank pr{comms[size_t(rank)], rank, {nullptr, nullptr}};
       makeStreams(pr.streams);
       ProgramRun run{{pr}, s.nranks, s.graph, [&] { barrier.wait(); }};

@@ -231,30 +231,40 @@ TEST_P(GpuLifecycle, SplitsDestroysAndAbortsBesideCollectivesOnGpuBuffers) {
   const char* lengthEnv = getenv("TUTTI_LIFECYCLE_LENGTH");
   const int length = lengthEnv && *lengthEnv ? atoi(lengthEnv) : 30;
   const std::vector<LifecycleStep> steps = randomLifecycle(n, seed, length);
+  // TUTTI_LIFECYCLE_GPUS=G: rank r on GPU r % G (links across GPUs too).
+  const int gpus = spreadGpus("TUTTI_LIFECYCLE_GPUS");
   // Buffers and streams first, on this thread: cudaMalloc may wait for the whole GPU.
   std::vector<LifecycleDevice> dev(static_cast<size_t>(n));
-  for (LifecycleDevice& d : dev) {
+  for (int r = 0; r < n; ++r) {
+    LifecycleDevice& d = dev[size_t(r)];
     cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaSetDevice(r % gpus), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&d.device, kLifecycleMaxCount * sizeof(float)), cudaSuccess);
     ASSERT_EQ(cudaMallocHost(&d.pinned, kLifecycleMaxCount * sizeof(float)), cudaSuccess);
     ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     d.stream = s;
   }
-  ThreadRanks ranks(n);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  std::vector<ncclComm_t> comms = initThreadsOnGpus(n, gpus);
+  for (ncclComm_t c : comms) ASSERT_NE(c, nullptr);
   std::vector<std::string> errors(static_cast<size_t>(n));
   ThreadBarrier barrier(n);
   onThreads(n, [&](int r) {
+    EXPECT_EQ(cudaSetDevice(r % gpus), cudaSuccess);
     errors[size_t(r)] = runLifecycle(
-        ranks.comms[size_t(r)], r, n, steps, [&] { barrier.wait(); }, &dev[size_t(r)]);
+        comms[size_t(r)], r, n, steps, [&] { barrier.wait(); }, &dev[size_t(r)]);
   });
+  destroyAll(comms);
   bool failed = false;
   for (const std::string& e : errors) {
     if (!e.empty()) ADD_FAILURE() << e;
     failed = failed || !e.empty();
   }
   if (failed) ADD_FAILURE() << "the program (seed " << seed << "):\n" << describeLifecycle(steps);
-  cudaDeviceSynchronize();
-  for (LifecycleDevice& d : dev) {
+  for (int r = 0; r < n; ++r) {
+    LifecycleDevice& d = dev[size_t(r)];
+    cudaSetDevice(r % gpus);
+    cudaDeviceSynchronize();
     cudaFree(d.device);
     cudaFreeHost(d.pinned);
     cudaStreamDestroy(static_cast<cudaStream_t>(d.stream));

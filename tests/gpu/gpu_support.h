@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -32,6 +34,28 @@ inline std::string noGpuReason() {
     return std::string("no usable CUDA device: ") + cudaGetErrorString(e);
   }
   return n > 0 ? "" : "no CUDA device";
+}
+
+// How many GPUs a random program spreads its thread ranks over (rank r on GPU r % that): the
+// environment variable's count (TUTTI_PROGRAM_GPUS, TUTTI_LIFECYCLE_GPUS; 1 where unset), at
+// most the GPUs there are. ctest runs the programs so on two emulated GPUs (TUTTI_EMU_GPUS=2).
+inline int spreadGpus(const char* env) {
+  const char* v = getenv(env);
+  int want = v && *v ? atoi(v) : 1, present = 0;
+  if (cudaGetDeviceCount(&present) != cudaSuccess) cudaGetLastError();
+  return std::max(1, std::min(want, present));
+}
+
+// n ranks as threads, rank r on GPU r % gpus (ncclCommInitRank after cudaSetDevice).
+inline std::vector<ncclComm_t> initThreadsOnGpus(int n, int gpus) {
+  std::vector<ncclComm_t> comms(size_t(n), nullptr);
+  const ncclUniqueId id = makeId();
+  onThreads(n, [&](int r) {
+    EXPECT_EQ(cudaSetDevice(r % gpus), cudaSuccess);
+    EXPECT_EQ(ncclCommInitRank(&comms[size_t(r)], n, id, r), ncclSuccess)
+        << "rank " << r << ": " << ncclGetLastError(nullptr);
+  });
+  return comms;
 }
 
 // Holds streams at a host function until open(), or until `limit` has passed (so that a test in
