@@ -222,7 +222,8 @@ class GpuLifecycle : public ::testing::TestWithParam<std::pair<int, uint32_t>> {
 
 TEST_P(GpuLifecycle, SplitsDestroysAndAbortsBesideCollectivesOnGpuBuffers) {
   SKIP_WITHOUT_GPU();
-  const int n = GetParam().first;
+  const char* ranksEnv = getenv("TUTTI_LIFECYCLE_RANKS");  // (to try more by hand)
+  const int n = ranksEnv && *ranksEnv ? atoi(ranksEnv) : GetParam().first;
   const char* seedEnv = getenv("TUTTI_LIFECYCLE_SEED");  // (to try others by hand)
   const uint32_t seed =
       seedEnv && *seedEnv ? uint32_t(strtoul(seedEnv, nullptr, 0)) : GetParam().second;
