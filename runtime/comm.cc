@@ -371,7 +371,22 @@ void Comm::adoptHelper(std::shared_future<Status> work) {
 
 void Comm::waitHelpers() { waitAdopted(mu_, &helpers_, &helpersPending_); }
 
-void Comm::waitFamilyHelpers() { waitAdopted(family_->mu, &family_->helpers, &family_->pending); }
+bool Comm::waitFamilyHelpersFor(std::chrono::milliseconds limit) {
+  Family& f = *family_;
+  if (!f.pending.load(std::memory_order_acquire)) return true;
+  std::vector<std::shared_future<Status>> copy;
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    copy = f.helpers;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  bool all = true;
+  for (auto& h : copy) all = all && h.wait_until(deadline) == std::future_status::ready;
+  std::lock_guard<std::mutex> lock(f.mu);
+  dropEnded(&f.helpers);
+  f.pending.store(!f.helpers.empty(), std::memory_order_release);
+  return all;
+}
 
 void Comm::adoptRingUser(std::shared_future<void> done) {
   adopt(mu_, &ringUsers_, &ringUsersPending_, std::move(done));

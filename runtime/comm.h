@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <future>
@@ -61,18 +62,18 @@ class Comm {
   // Waits until the background work adopted so far has ended (its result is reported where it
   // belongs, not here). One atomic load when none.
   void waitHelpers();
-  // The same for the work this rank's communicators of this one's family adopted: the one it
-  // was split from, and every split of theirs, down the tree (each rank has its own). A device
-  // operation of a communicator whose ranks share a GPU as threads calls it first, so that a
-  // rank's GPU operations follow its non-blocking splits as they follow its blocking ones: a
-  // split's new communicators make their GPU links (DeviceEngine::connectAtCreation), which
-  // may wait for the whole GPU, and this operation's kernel would otherwise wait for ranks
-  // whose threads wait for those links -- a rank of no colour in the split that goes on to a
-  // sibling communicator, say, whose kernel waits for a member still waiting for its new child.
-  // What a blocking split cannot survive either, this cannot: a kernel that waits for a rank of
-  // the split, queued before the split makes its links (by a rank outside it, on another
-  // communicator), holds the GPU those links wait for until TUTTI_TIMEOUT.
-  void waitFamilyHelpers();
+  // The same for the work this rank's communicators of this one's family adopted (the one it
+  // was split from, and every split of theirs, down the tree; each rank has its own), for at
+  // most `limit`: whether it all ended. A device operation of a communicator whose ranks share
+  // a GPU as threads calls it first: a split's new communicators make their GPU links
+  // (DeviceEngine::connectAtCreation), which may wait for the whole GPU, and this operation's
+  // kernel could wait for ranks whose threads wait for those links -- a rank of no colour in a
+  // non-blocking split that goes on to a sibling communicator, say, whose kernel waits for a
+  // member still waiting for its new child. Not for ever: a kernel that waits for this rank,
+  // queued before the split makes its links (by a rank outside it, on another communicator),
+  // holds the GPU those links wait for until this operation's kernel joins it (a blocking
+  // split cannot survive that one).
+  bool waitFamilyHelpersFor(std::chrono::milliseconds limit);
   // A split's child, before init: its family is its parent's.
   void joinFamilyOf(const Comm& parent) { family_ = parent.family_; }
   // Background work's use of the bootstrap ring (a non-blocking split's exchange: two

@@ -148,6 +148,72 @@ TEST(GpuSplit, ANonBlockingSplitEndsBeforeTheParentsNextCollective) {
   destroyAll(child);
 }
 
+// Three ranks as threads on one GPU; P = {0, 1} and Q = {0, 2}, split from them. Rank 2 (not in
+// P) queues an all-reduce on Q at once: its kernel waits for rank 0. Rank 0 splits P without
+// blocking, then calls that all-reduce; rank 1 splits P and waits for the new communicator. The
+// split's links wait for the GPU, which rank 2's kernel holds until rank 0's joins it: rank 0's
+// operation may wait for its split (Comm::waitFamilyHelpersFor) but not for ever.
+TEST(GpuSplit, AKernelQueuedBeforeANonBlockingSplitByARankOutsideItEnds) {
+  SKIP_WITHOUT_GPU();
+  constexpr int n = 3;
+  ScopedEnv timeout("TUTTI_TIMEOUT", "20");
+  ThreadRanks ranks(n);
+  std::vector<ncclComm_t> p(n, nullptr), q(n, nullptr), child(n, nullptr);
+  RankBuffers warm(n, 64), qs(n, 64), cs(n, 64);
+  RankFailures failures;
+  onThreads(n, [&](int r) {
+    cudaStream_t s = ranks.streams[size_t(r)];
+    ncclComm_t parent = ranks.comms[size_t(r)];
+    warm.fill(r, float(r + 1), s);
+    qs.fill(r, float(r + 1), s);
+    cs.fill(r, float(r + 1), s);
+    if (!failures.ok(
+            r, ncclCommSplit(parent, r < 2 ? 0 : NCCL_SPLIT_NOCOLOR, r, &p[size_t(r)], nullptr),
+            parent, "split P") ||
+        !failures.ok(
+            r, ncclCommSplit(parent, r != 1 ? 0 : NCCL_SPLIT_NOCOLOR, r, &q[size_t(r)], nullptr),
+            parent, "split Q"))
+      return;
+    ncclComm_t qc = q[size_t(r)];
+    if (r != 1) {  // Q's links first, and both its ranks past them
+      float* wb = warm.bufs[size_t(r)];
+      if (!failures.ok(r, ncclAllReduce(wb, wb, warm.count, ncclFloat, ncclSum, qc, s), qc,
+                       "warm-up on Q"))
+        return;
+      if (cudaStreamSynchronize(s) != cudaSuccess) return failures.add(r, "warm-up on Q failed");
+    }
+    float* qb = qs.bufs[size_t(r)];
+    if (r == 2) {
+      if (!failures.ok(r, ncclAllReduce(qb, qb, qs.count, ncclFloat, ncclSum, qc, s), qc,
+                       "all-reduce on Q"))
+        return;
+      expectResults(failures, r, qc, s, {{&warm, 4.0f}, {&qs, 4.0f}});
+      return;
+    }
+    if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 2 first
+    ncclConfig_t config = nonblockingConfig();
+    ncclComm_t pc = p[size_t(r)];
+    const ncclResult_t rc = ncclCommSplit(pc, 0, r, &child[size_t(r)], &config);
+    if (rc != ncclInProgress && !failures.ok(r, rc, pc, "non-blocking split of P")) return;
+    if (r == 0 && !failures.ok(r, ncclAllReduce(qb, qb, qs.count, ncclFloat, ncclSum, qc, s), qc,
+                               "all-reduce on Q"))
+      return;
+    if (waitInitialized(child[size_t(r)], 30) != ncclSuccess)
+      return failures.add(r, "the new communicator did not come up");
+    float* cb = cs.bufs[size_t(r)];
+    ncclComm_t c = child[size_t(r)];
+    if (!failures.ok(r, ncclAllReduce(cb, cb, cs.count, ncclFloat, ncclSum, c, s), c,
+                     "all-reduce on the new communicator"))
+      return;
+    expectResults(failures, r, c, s, {{&cs, 3.0f}});
+    if (r == 0) expectResults(failures, r, qc, s, {{&warm, 4.0f}, {&qs, 4.0f}});
+  });
+  failures.report();
+  destroyAll(child);
+  destroyAll(q);
+  destroyAll(p);
+}
+
 // Four ranks on threads all-reduce together, then pass a buffer down a pipeline (0 -> 1 -> 2
 // -> 3, each rank's first sends and receives), ranks 2 and 3 coming late, then all-reduce
 // again. Rank 0 queues that second all-reduce as soon as its send is set up, while rank 2 is
