@@ -69,10 +69,10 @@ class Comm {
   // (DeviceEngine::connectAtCreation), which may wait for the whole GPU, and this operation's
   // kernel could wait for ranks whose threads wait for those links -- a rank of no colour in a
   // non-blocking split that goes on to a sibling communicator, say, whose kernel waits for a
-  // member still waiting for its new child. Not for ever: a kernel that waits for this rank,
-  // queued before the split makes its links (by a rank outside it, on another communicator),
-  // holds the GPU those links wait for until this operation's kernel joins it (a blocking
-  // split cannot survive that one).
+  // member still waiting for its new child. The caller may give up (DeviceEngine::prepare):
+  // a kernel that waits for this rank, queued before the split makes its links (by a rank
+  // outside it, on another communicator), holds the GPU those links wait for until this
+  // operation's kernel joins it (a blocking split cannot survive that one).
   bool waitFamilyHelpersFor(std::chrono::milliseconds limit);
   // A split's child, before init: its family is its parent's.
   void joinFamilyOf(const Comm& parent) { family_ = parent.family_; }

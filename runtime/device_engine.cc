@@ -259,17 +259,22 @@ void DeviceEngine::warnTooFewResidentBlocks(int resident) const {
 }
 
 Status DeviceEngine::prepare(const CollArgs* ops, size_t nops) {
-  // Where ranks share a GPU as threads, every GPU operation waits a while for the splits
-  // adopted in the communicator's family (Comm::waitFamilyHelpersFor says why); elsewhere the
-  // collective whose links end with the ring's first barrier (connect) waits for their
-  // exchanges on the ring (Comm::waitRingUsers).
+  // Where ranks share a GPU as threads, every GPU operation waits for the splits adopted in
+  // the communicator's family (Comm::waitFamilyHelpersFor says why) -- but not where another
+  // communicator's kernel on this GPU has not ended 2 s later (othersBusyOnGpu): it may wait
+  // for this rank, and it holds the GPU those splits' links wait for. Elsewhere the collective
+  // whose links end with the ring's first barrier (connect) waits for their exchanges on the
+  // ring (Comm::waitRingUsers).
   if (comm_.threadsShareGpu()) {
-    if (!comm_.waitFamilyHelpersFor(kSplitWait)) {
-      TUTTI_INFO(log::kInit,
-                 "rank %d: a split of this communicator's family still makes its links after "
-                 "%lld ms; this operation goes on (a kernel that waits for it may hold the GPU "
-                 "they wait for)",
-                 comm_.rank(), static_cast<long long>(kSplitWait.count()));
+    while (!comm_.waitFamilyHelpersFor(std::chrono::milliseconds(100))) {
+      if (othersBusyOnGpu(/*siblingsOnly=*/false)) {
+        TUTTI_INFO(log::kInit,
+                   "rank %d: a split of this communicator's family still makes its links, "
+                   "and a kernel on this GPU has not ended 2 s later (it may wait for this "
+                   "rank): this operation goes on",
+                   comm_.rank());
+        break;
+      }
     }
   } else if (!ringConnected_.load(std::memory_order_relaxed) &&
              devplan::usesRing(comm_.nranks(), ops, nops)) {

@@ -69,9 +69,6 @@ class DeviceEngine {
   // Marks every device FIFO broken, so that the peers' kernels stop waiting (abort).
   void breakLinks();
 
-  // How long a GPU operation waits for the splits of its family in flight
-  // (Comm::waitFamilyHelpersFor) before it goes on.
-  static constexpr std::chrono::milliseconds kSplitWait{2000};
   // Up to this many ranks, connectAtCreation also makes the links of sends and receives to
   // every other rank (a FIFO each way and pair: NCCL_BUFFSIZE and the LL slots, 4.1 MiB by
   // default); more, and a pair's first send or receive makes them.
