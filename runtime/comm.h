@@ -57,7 +57,7 @@ class Comm {
   void finish(const Status& s);
   // Background work started on this comm's behalf that must end before it is freed
   // (a NOCOLOR rank still takes part in its parent's split exchange, for instance). It joins
-  // the family's too (waitFamilyHelpers).
+  // the family's too (waitFamilyHelpersFor).
   void adoptHelper(std::shared_future<Status> work);
   // Waits until the background work adopted so far has ended (its result is reported where it
   // belongs, not here). One atomic load when none.
