@@ -163,7 +163,7 @@ class Runner {
       mustSucceed(first, what);
       if (o_.blocking) {
         waitStream();
-        barrier();
+        sync();
       }
     };
     size_t it = 0;
@@ -338,7 +338,6 @@ class Runner {
       combine(0, ncclSum);
     }
   }
-  void barrier() { sync(); }
 
  public:
   // Combines a per-rank value across all ranks: among the threads of this process, or, one

@@ -345,21 +345,30 @@ void adopt(std::mutex& mu, std::vector<std::shared_future<T>>* list, std::atomic
 }
 
 // Waits for the futures in *list (copied under mu, waited for without it: the work may report
-// through the communicator), then drops the ended ones; one added meanwhile stays, and keeps
-// *pending up.
+// through the communicator), until `deadline` at the latest, then drops the ended ones; one
+// added meanwhile stays, and keeps *pending up. Whether all that were there ended.
 template <typename T>
-void waitAdopted(std::mutex& mu, std::vector<std::shared_future<T>>* list,
-                 std::atomic<bool>* pending) {
-  if (!pending->load(std::memory_order_acquire)) return;
+bool waitAdopted(
+    std::mutex& mu, std::vector<std::shared_future<T>>* list, std::atomic<bool>* pending,
+    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
+  if (!pending->load(std::memory_order_acquire)) return true;
   std::vector<std::shared_future<T>> copy;
   {
     std::lock_guard<std::mutex> lock(mu);
     copy = *list;
   }
-  for (auto& f : copy) f.wait();
+  bool all = true;
+  for (auto& f : copy) {
+    if (deadline == std::chrono::steady_clock::time_point::max()) {
+      f.wait();
+    } else {
+      all = all && f.wait_until(deadline) == std::future_status::ready;
+    }
+  }
   std::lock_guard<std::mutex> lock(mu);
   dropEnded(list);
   pending->store(!list->empty(), std::memory_order_release);
+  return all;
 }
 
 }  // namespace
@@ -372,20 +381,8 @@ void Comm::adoptHelper(std::shared_future<Status> work) {
 void Comm::waitHelpers() { waitAdopted(mu_, &helpers_, &helpersPending_); }
 
 bool Comm::waitFamilyHelpersFor(std::chrono::milliseconds limit) {
-  Family& f = *family_;
-  if (!f.pending.load(std::memory_order_acquire)) return true;
-  std::vector<std::shared_future<Status>> copy;
-  {
-    std::lock_guard<std::mutex> lock(f.mu);
-    copy = f.helpers;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  bool all = true;
-  for (auto& h : copy) all = all && h.wait_until(deadline) == std::future_status::ready;
-  std::lock_guard<std::mutex> lock(f.mu);
-  dropEnded(&f.helpers);
-  f.pending.store(!f.helpers.empty(), std::memory_order_release);
-  return all;
+  return waitAdopted(family_->mu, &family_->helpers, &family_->pending,
+                     std::chrono::steady_clock::now() + limit);
 }
 
 void Comm::adoptRingUser(std::shared_future<void> done) {

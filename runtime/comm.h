@@ -74,8 +74,12 @@ class Comm {
   // outside it, on another communicator), holds the GPU those links wait for until this
   // operation's kernel joins it (a blocking split cannot survive that one).
   bool waitFamilyHelpersFor(std::chrono::milliseconds limit);
-  // A split's child, before init: its family is its parent's.
-  void joinFamilyOf(const Comm& parent) { family_ = parent.family_; }
+  // A split's child, before init: its family is its parent's, and it shares a GPU where its
+  // parent does (threadsShareGpu).
+  void inheritFrom(const Comm& parent) {
+    family_ = parent.family_;
+    parentThreadsShareGpu_ = parent.threadsShareGpu_;
+  }
   // Background work's use of the bootstrap ring (a non-blocking split's exchange: two
   // all-gathers from its helper thread): `done` is ready once it no longer uses the ring. The
   // first GPU collective, whose ring links end with a barrier on that ring, waits for it first
@@ -121,8 +125,6 @@ class Comm {
   // own ranks share still does: the parent's kernel on one of them may wait for a thread that
   // would otherwise allocate the child's links at its first collective. Alike on every rank.
   bool threadsShareGpu() const { return threadsShareGpu_; }
-  // Set on a split's child before init: its parent's threadsShareGpu().
-  void setParentThreadsShareGpu(bool v) { parentThreadsShareGpu_ = v; }
   // Split re-seats the identity before init (rank and size are learned from the parent).
   void setIdentity(int rank, int nranks) { rank_ = rank, nranks_ = nranks; }
 

@@ -99,7 +99,7 @@ Result<SplitPlan> exchangeSplit(Comm* parent, int color, int key, bool* exchange
 // which may wait for the whole GPU: no rank of the parent may queue a kernel that waits for
 // another (a NOCOLOR rank's next collective on the parent, say) before every child's are made.
 // (A non-blocking split returns first: the parent's next GPU operation waits for it to end,
-// Comm::waitHelpers.)
+// Comm::waitFamilyHelpersFor.)
 // ringDone (where not null) is set once the split no longer uses the parent's bootstrap ring
 // (Comm::adoptRingUser): after the exchange, or where ranks share a GPU as threads after the
 // barrier; however this returns.
@@ -150,7 +150,7 @@ Status runSplit(Comm* parent, uint64_t ticket, int color, int key,
   // must not wait here (ncclCommAbort would wait for the other ranks' creations, which may wait
   // for this one's until their bootstrap deadline), but the others wait for it here: a thread
   // of the parent's takes part in the barrier in its place, still in the split's turn (which it
-  // ends), and the parent's next GPU operation waits for it (Comm::waitHelpers).
+  // ends), and the parent's next GPU operation waits for it (Comm::waitFamilyHelpersFor).
   const bool aborting = childAbort && childAbort->load(std::memory_order_acquire);
   if (exchanged && parent->threadsShareGpu()) {
     auto barrier = [parent] {
@@ -254,8 +254,7 @@ Result<Started> splitComm(Comm* parent, int color, int key, CommConfig config) {
     return Started{nullptr, false, done};
   }
   auto* comm = new Comm(-1, 0, parent->cudaDev(), std::move(config));
-  comm->setParentThreadsShareGpu(parent->threadsShareGpu());
-  comm->joinFamilyOf(*parent);
+  comm->inheritFrom(*parent);
   auto ring = std::make_shared<std::promise<void>>();
   std::shared_future<void> ringDone = ring->get_future().share();
   Result<Started> started = launch(comm, [comm, parent, ticket, color, key, ring]() -> Status {

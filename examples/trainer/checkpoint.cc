@@ -16,7 +16,6 @@ constexpr char kMagic[8] = {'T', 'U', 'T', 'T', 'I', 'C', 'K', 'P'};
 // checksums the header too; version 3 adds the optimizer's settings after the header (Settings);
 // versions 1 and 2 still load.
 constexpr uint32_t kVersion = 3;
-constexpr uint32_t kMaxLayers = kMaxCheckpointLayers;
 
 // Fixed-width, little-endian on every machine this runs on (x86-64, aarch64).
 struct Header {
@@ -90,7 +89,7 @@ bool checkpointWritable(const std::string& path, std::string* error) {
 }
 
 bool saveCheckpoint(const std::string& path, const Checkpoint& ck, std::string* error) {
-  if (ck.momentum.size() != ck.params.size() || ck.dims.size() > kMaxLayers) {
+  if (ck.momentum.size() != ck.params.size() || ck.dims.size() > kMaxCheckpointLayers) {
     *error = "internal: inconsistent checkpoint contents";
     return false;
   }
@@ -169,7 +168,7 @@ bool loadCheckpoint(const std::string& path, Checkpoint* ck, std::string* error)
     return fail("format version " + std::to_string(h.version) + ", this program reads " +
                 std::to_string(kVersion));
   }
-  if (h.ndims < 2 || h.ndims > kMaxLayers || h.nparams == 0 || h.nparams > (1ull << 32)) {
+  if (h.ndims < 2 || h.ndims > kMaxCheckpointLayers || h.nparams == 0 || h.nparams > (1ull << 32)) {
     return fail("implausible header (" + std::to_string(h.ndims) + " layer widths, " +
                 std::to_string(h.nparams) + " parameters)");
   }

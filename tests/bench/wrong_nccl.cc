@@ -29,6 +29,12 @@ std::string mode() {
   return m ? m : "";
 }
 
+int ranksOf(ncclComm_t comm) {
+  int n = 1;
+  ncclCommCount(comm, &n);
+  return n;
+}
+
 template <class Fn>
 Fn real(const char* name) {
   return reinterpret_cast<Fn>(dlsym(RTLD_NEXT, name));
@@ -61,9 +67,9 @@ WRONG_EXPORT ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t
                               cudaStream_t);
   static const Fn fn = real<Fn>("ncclReduceScatter");
   if (mode() != "neighbour") return fn(send, recv, count, t, op, comm, s);
-  int rank = 0, n = 1;
+  int rank = 0;
   ncclCommUserRank(comm, &rank);
-  ncclCommCount(comm, &n);
+  const int n = ranksOf(comm);
   const size_t es = sizeOf(t);
   std::vector<char> all(count * size_t(n) * es);
   ncclResult_t r = ncclAllReduce(send, all.data(), count * size_t(n), t, op, comm, s);
@@ -76,8 +82,7 @@ WRONG_EXPORT ncclResult_t ncclAllGather(const void* send, void* recv, size_t cou
   using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
   static const Fn fn = real<Fn>("ncclAllGather");
   ncclResult_t r = fn(send, recv, count, t, comm, s);
-  int n = 1;
-  ncclCommCount(comm, &n);
+  const int n = ranksOf(comm);
   if (r == ncclSuccess && mode() == "rank" && n > 2) {
     const size_t b = count * sizeOf(t);
     memcpy(static_cast<char*>(recv) + b, static_cast<char*>(recv) + 2 * b, b);
@@ -91,8 +96,7 @@ WRONG_EXPORT ncclResult_t ncclBroadcast(const void* send, void* recv, size_t cou
   using Fn =
       ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   static const Fn fn = real<Fn>("ncclBroadcast");
-  int n = 1;
-  ncclCommCount(comm, &n);
+  const int n = ranksOf(comm);
   return fn(send, recv, count, t, mode() == "root" ? (root + 1) % n : root, comm, s);
 }
 
@@ -101,8 +105,7 @@ WRONG_EXPORT ncclResult_t ncclReduce(const void* send, void* recv, size_t count,
   using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int,
                               ncclComm_t, cudaStream_t);
   static const Fn fn = real<Fn>("ncclReduce");
-  int n = 1;
-  ncclCommCount(comm, &n);
+  const int n = ranksOf(comm);
   return fn(send, recv, count, t, op, mode() == "root" ? (root + 1) % n : root, comm, s);
 }
 
@@ -110,8 +113,7 @@ WRONG_EXPORT ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_
                                    ncclComm_t comm, cudaStream_t s) {
   using Fn = ncclResult_t (*)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   static const Fn fn = real<Fn>("ncclSend");
-  int n = 1;
-  ncclCommCount(comm, &n);
+  const int n = ranksOf(comm);
   return fn(send, count, t, mode() == "peer" ? (peer + 1) % n : peer, comm, s);
 }
 
@@ -119,8 +121,7 @@ WRONG_EXPORT ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, i
                                    ncclComm_t comm, cudaStream_t s) {
   using Fn = ncclResult_t (*)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   static const Fn fn = real<Fn>("ncclRecv");
-  int n = 1;
-  ncclCommCount(comm, &n);
+  const int n = ranksOf(comm);
   return fn(recv, count, t, mode() == "peer" ? (peer - 1 + n) % n : peer, comm, s);
 }
 
