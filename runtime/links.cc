@@ -179,7 +179,7 @@ Status Links::ensure(const std::vector<LinkNeed>& needs, std::vector<int>* madeP
         t->connectSend({n.peer, n.channel, slotBytesFor(n.peer)}, d);
     if (!c.ok()) return c.status().withContext(linkName(n, t));
     TUTTI_INFO(log::kInit, "rank %d -> rank %d channel %d via %s", comm_.rank(), n.peer, n.channel,
-               t->name());
+               c.value()->transportName());
     conns_[n] = c.take();
   }
   for (auto& [n, c] : made) {

@@ -103,14 +103,73 @@ INSTANTIATE_TEST_SUITE_P(Threads, GpuMatrix,
                                            GpuSetup{8, "Simple", false}, GpuSetup{8, "", false}),
                          gpuName);
 
-TEST(GpuProcesses, MatrixOnDeviceBuffersWithFourProcessesOnOneGpu) {
-  SKIP_WITHOUT_GPU();
-  RunResult r = runShell(std::string("NCCL_BUFFSIZE=8192 TUTTI_LL_SLOT_BYTES=1024 "
-                                     "TUTTI_DEV_CHANNEL_BYTES=4096 TUTTI_TIMEOUT=60 ") +
-                         TUTTI_RUN_BIN + " -n 4 " + TUTTI_TEST_RANK_BIN + " coll-device 2>&1");
-  EXPECT_EQ(r.exitCode, 0) << r.output;
-  EXPECT_NE(r.output.find("cases passed on rank 3"), std::string::npos) << r.output;
+// The matrix with ranks as processes on the one GPU: FIFOs in GPU memory over CUDA IPC, or
+// (NCCL_P2P_DISABLE=1) in POSIX shared memory that each end maps and registers with CUDA; set on
+// every rank, or on one alone (each pair of ranks decides alike from both ends' settings).
+struct ProcessSetup {
+  int nranks;
+  const char* proto;    // NCCL_PROTO, or "" for the automatic choice
+  int p2pDisabledRank;  // -1: none; nranks: every rank; else that rank alone
+};
+
+void PrintTo(const ProcessSetup& s, std::ostream* os) {
+  *os << s.nranks << " processes, protocol " << (s.proto[0] ? s.proto : "auto") << ", "
+      << (s.p2pDisabledRank < 0 ? std::string("FIFOs in GPU memory")
+          : s.p2pDisabledRank >= s.nranks
+              ? std::string("NCCL_P2P_DISABLE=1 on every rank")
+              : "NCCL_P2P_DISABLE=1 on rank " + std::to_string(s.p2pDisabledRank));
 }
+
+std::string processName(const ::testing::TestParamInfo<ProcessSetup>& info) {
+  const ProcessSetup& s = info.param;
+  return std::to_string(s.nranks) + "procs_" + (s.proto[0] ? s.proto : "auto") +
+         (s.p2pDisabledRank < 0           ? "_p2p"
+          : s.p2pDisabledRank >= s.nranks ? "_mapped"
+                                          : "_mappedOnRank" + std::to_string(s.p2pDisabledRank));
+}
+
+class GpuProcessMatrix : public ::testing::TestWithParam<ProcessSetup> {};
+
+TEST_P(GpuProcessMatrix, EveryCollectiveOnDeviceBuffersMatchesTheOracle) {
+  SKIP_WITHOUT_GPU();
+  const ProcessSetup s = GetParam();
+  std::string env =
+      "NCCL_BUFFSIZE=8192 TUTTI_LL_SLOT_BYTES=1024 TUTTI_DEV_CHANNEL_BYTES=4096 TUTTI_TIMEOUT=60 "
+      "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT ";  // the links made, one line each
+  if (s.proto[0]) env += std::string("NCCL_PROTO=") + s.proto + " ";
+  if (s.p2pDisabledRank >= s.nranks) env += "NCCL_P2P_DISABLE=1 ";
+  std::string rankCmd = std::string(TUTTI_TEST_RANK_BIN) + " coll-device";
+  if (s.p2pDisabledRank >= 0 && s.p2pDisabledRank < s.nranks) {  // tutti-run sets RANK
+    rankCmd = "sh -c 'if [ \"$RANK\" = " + std::to_string(s.p2pDisabledRank) +
+              " ]; then export NCCL_P2P_DISABLE=1; fi; exec \"$0\" coll-device' " +
+              TUTTI_TEST_RANK_BIN;
+  }
+  RunResult r = runShell("env -u NCCL_P2P_DISABLE -u NCCL_PROTO " + env + TUTTI_RUN_BIN + " -n " +
+                         std::to_string(s.nranks) + " " + rankCmd + " 2>&1");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  for (int rank = 0; rank < s.nranks; ++rank) {
+    EXPECT_NE(r.output.find("cases passed on rank " + std::to_string(rank) + "\n"),
+              std::string::npos)
+        << "rank " << rank << ": " << r.output;
+  }
+  // Which links the ranks made: mapped host memory where either end disabled p2p (one rank:
+  // the links to and from it), else GPU memory.
+  const bool mapped = r.output.find(" via shm/mapped") != std::string::npos;
+  const bool direct = r.output.find(" via p2p") != std::string::npos;
+  if (s.nranks > 1) {
+    EXPECT_EQ(mapped, s.p2pDisabledRank >= 0) << r.output;
+    EXPECT_EQ(direct, s.p2pDisabledRank < 0 || (s.p2pDisabledRank < s.nranks && s.nranks > 2))
+        << r.output;
+  }
+}
+
+// 1-8 processes, both protocols and the automatic choice, and the mapped path on all ranks and
+// on one, each at least once.
+INSTANTIATE_TEST_SUITE_P(GpuProcesses, GpuProcessMatrix,
+                         ::testing::Values(ProcessSetup{1, "", -1}, ProcessSetup{2, "LL", 2},
+                                           ProcessSetup{3, "Simple", 1}, ProcessSetup{4, "", -1},
+                                           ProcessSetup{8, "LL", 5}),
+                         processName);
 
 // Queued programs (collectives/program.h) with ranks as processes on the one GPU: FIFOs over
 // CUDA IPC, eagerly on two streams each (some steps on host buffers), and captured into a graph.

@@ -472,8 +472,6 @@ class P2pTransport : public Transport {
       return z;
     }
     m.ownStep = static_cast<uint64_t*>(step);
-    TUTTI_INFO(log::kInit, "rank %d -> rank %d channel %d via %s", comm_.rank(), spec.peer,
-               spec.channel, d.mode == kDevice ? "P2P/direct (GPU memory)" : "SHM/mapped");
     return std::unique_ptr<Connection>(new P2pConnection(spec, llSlotBytes_, m));
   }
 
