@@ -6,6 +6,7 @@
 // paths share -- a sign, a momentum variant, a ReLU mask -- would pass them.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -136,6 +137,38 @@ TEST(TrainerReference, ExposedCommunicationIsPartOfCommunication) {
           << "epoch " << e.epoch << (overlap ? ", overlapped" : ", after backward");
     }
   }
+}
+
+// DistributedSampler's order: each epoch a permutation of the whole set, a new one every epoch
+// (seed + epoch), the same again for the same seed and epoch (so every rank cuts the same order
+// into shards, and a resumed run finds it), another for another seed.
+TEST(TrainerReference, EachEpochShufflesAfreshAndTheSameSeedRepeats) {
+  constexpr int n = 1000;
+  auto isPermutation = [](std::vector<int> p) {
+    std::sort(p.begin(), p.end());
+    for (int i = 0; i < int(p.size()); ++i)
+      if (p[size_t(i)] != i) return false;
+    return true;
+  };
+  // Positions where two orders agree: about 1 of n for independent shuffles.
+  auto same = [](const std::vector<int>& a, const std::vector<int>& b) {
+    int k = 0;
+    for (size_t i = 0; i < a.size(); ++i) k += a[i] == b[i];
+    return k;
+  };
+  const std::vector<int> e0 = epochPermutation(n, 42, 0), e1 = epochPermutation(n, 42, 1),
+                         e2 = epochPermutation(n, 42, 2), other = epochPermutation(n, 43, 0);
+  std::vector<int> identity(n);
+  for (int i = 0; i < n; ++i) identity[size_t(i)] = i;
+  for (const std::vector<int>* p : {&e0, &e1, &e2, &other}) {
+    ASSERT_EQ(p->size(), size_t(n));
+    EXPECT_TRUE(isPermutation(*p));
+    EXPECT_LT(same(*p, identity), 20);
+  }
+  EXPECT_EQ(epochPermutation(n, 42, 1), e1);
+  EXPECT_LT(same(e0, e1), 20);
+  EXPECT_LT(same(e1, e2), 20);
+  EXPECT_LT(same(e0, other), 20);
 }
 
 }  // namespace
