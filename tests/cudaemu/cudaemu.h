@@ -30,18 +30,21 @@
 //   by cudaSetDevice, as CUDA 12 does, or by any call but those that ask about devices and
 //   errors, on the current device: 0 where a thread never chose one); and, to test the library's
 //   failure paths, launches that fail (TUTTI_EMU_FAIL_LAUNCH_AFTER=n: those after the process's
-//   first n).
+//   first n), and GPUs that cannot reach each other (TUTTI_EMU_NO_PEER_ACCESS=1:
+//   cudaDeviceCanAccessPeer says no, cudaDeviceEnablePeerAccess fails).
 // What it does not: the GPU's memory model and timing (performance means nothing here), the
 // hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), blocks resident across processes or taken by
 // the application's own kernels, occupancy above one block per SM, the order in which waiting
-// kernels get free SMs, peer access (any two GPUs may reach each other), MIG, separate address
+// kernels get free SMs, peer access (a kernel reaches any GPU's memory, enabled or not), MIG,
+// separate address
 // spaces (device and host memory are one: a kernel that reads pageable memory, or the host
 // reading device memory, works here), and faults (an illegal address is a crash of the test,
 // not a sticky error). Not emulated, and refused: a graph launched inside a capture, and
 // cudaStreamGetCaptureInfo's graph and dependencies. Simple kernels of a program's own
 // (cudaemu_sequential.h) run their threads one after another, so races inside them cannot
-// show; the cuBLAS of include/cublas_v2.h is the CPU's OpenBLAS, so a GPU run compared with a
-// CPU run agrees to the bit here.
+// show; the cuBLAS of include/cublas_v2.h is the CPU's OpenBLAS with each GEMM's inner dimension
+// summed in two parts (cudaemu_cublas.cc), so a GPU run compared with a CPU run differs by
+// rounding here too, if by less than on a GPU.
 #pragma once
 
 #include <cuda_runtime_api.h>

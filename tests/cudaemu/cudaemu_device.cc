@@ -227,11 +227,18 @@ cudaError_t cudaDeviceGetByPCIBusId(int* d, const char* id) {
   return fail(cudaErrorInvalidDevice);
 }
 
+// TUTTI_EMU_NO_PEER_ACCESS=1: GPUs that cannot reach each other's memory (no NVLink, PCIe
+// switches that refuse peer traffic), read at each call.
+static bool peerAccessDenied() {
+  const char* v = getenv("TUTTI_EMU_NO_PEER_ACCESS");
+  return v && *v && strcmp(v, "0") != 0;
+}
+
 cudaError_t cudaDeviceCanAccessPeer(int* can, int d, int peer) {
   CUDAEMU_CALL;
   if (!can) return fail(cudaErrorInvalidValue);
   if (!validDevice(d) || !validDevice(peer)) return fail(cudaErrorInvalidDevice);
-  *can = d != peer;
+  *can = d != peer && !peerAccessDenied();
   return cudaSuccess;
 }
 
@@ -240,6 +247,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   if (flags != 0) return fail(cudaErrorInvalidValue);
   if (!validDevice(peer) || peer == currentDevice() || peer >= 64)
     return fail(cudaErrorInvalidDevice);
+  if (peerAccessDenied()) return fail(cudaErrorPeerAccessUnsupported);
   Device& d = device(currentDevice());
   std::lock_guard<std::mutex> lock(d.mu);
   if (d.peerEnabled[peer]) return fail(cudaErrorPeerAccessAlreadyEnabled);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -225,6 +226,69 @@ TEST(GpuEmu, RanksOnTwoGpusLaunchWithTheirOwnGpusFunctions) {
       runChild("TUTTI_EMU_GPUS=2 NCCL_DEBUG=WARN", "FourRanksOnTwoGpusAllReduce", &passed);
   EXPECT_TRUE(passed) << out;
   EXPECT_EQ(out.find("pass them all from now on"), std::string::npos) << out;
+}
+
+// Ranks on two GPUs that cannot reach each other's memory (cudaDeviceCanAccessPeer says no:
+// no NVLink, or PCIe that refuses peer traffic; TUTTI_EMU_NO_PEER_ACCESS=1) link through
+// mapped host memory, and their all-reduces are right; where they can, through GPU memory.
+// Four ranks, rank r on GPU r % 2: every link of the ring crosses the GPUs.
+TEST(GpuEmu, GpusThatCannotReachEachOtherLinkThroughMappedHostMemory) {
+  SKIP_WITHOUT_GPU();
+  for (const char* denied : {"1", "0"}) {
+    bool passed = false;
+    const std::string out = runChild(std::string("TUTTI_EMU_GPUS=2 TUTTI_EMU_NO_PEER_ACCESS=") +
+                                         denied + " NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT",
+                                     "FourRanksOnTwoGpusAllReduce", &passed);
+    EXPECT_TRUE(passed) << out;
+    // The links between the GPUs (ranks 0 and 2 on GPU 0 also link to each other, directly).
+    const std::regex link(R"(rank (\d+) -> rank (\d+) channel \d+ via (\S+))");
+    int across = 0;
+    for (std::sregex_iterator it(out.begin(), out.end(), link), end; it != end; ++it) {
+      if (std::stoi((*it)[1]) % 2 == std::stoi((*it)[2]) % 2) continue;
+      ++across;
+      EXPECT_EQ((*it)[3], denied[0] == '1' ? "shm/mapped" : "p2p")
+          << "no peer access: " << denied << ": " << (*it)[0];
+    }
+    EXPECT_GT(across, 0) << out;
+  }
+}
+
+// Ranks of separate processes on one GPU without MPS take turns on it (time slices): the lowest
+// of them says so once, naming the pipe directory it looked in, and says nothing where an MPS
+// control daemon's pipe is there. Emulated only: a "control" file that is no daemon's pipe
+// would have a real CUDA try to connect to it.
+TEST(GpuEmu, ProcessesSharingAGpuWithoutMpsAreWarnedOnce) {
+  SKIP_WITHOUT_GPU();
+  char dir[] = "/tmp/tutti-mps-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string cmd = std::string(
+                              "NCCL_DEBUG=WARN TUTTI_MATRIX_FILTER='AllReduce float' "
+                              "CUDA_MPS_PIPE_DIRECTORY=") +
+                          dir + " " + TUTTI_RUN_BIN + " -n 3 " + TUTTI_TEST_RANK_BIN +
+                          " coll-device 2>&1";
+  RunResult without = runShell(cmd);
+  EXPECT_EQ(without.exitCode, 0) << without.output;
+  size_t warned = 0;
+  for (size_t at = without.output.find("no MPS daemon"); at != std::string::npos;
+       at = without.output.find("no MPS daemon", at + 1)) {
+    ++warned;
+  }
+  EXPECT_EQ(warned, 1u) << without.output;
+  EXPECT_NE(without.output.find("rank 0: 2 rank(s) of other processes share GPU 0"),
+            std::string::npos)
+      << without.output;
+  EXPECT_NE(without.output.find(std::string(dir) + "/control"), std::string::npos)
+      << without.output;
+
+  const std::string control = std::string(dir) + "/control";
+  FILE* f = fopen(control.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fclose(f);
+  RunResult with = runShell(cmd);
+  EXPECT_EQ(with.exitCode, 0) << with.output;
+  EXPECT_EQ(with.output.find("no MPS daemon"), std::string::npos) << with.output;
+  unlink(control.c_str());
+  rmdir(dir);
 }
 
 // Run by the test below in a child whose launches after its first fail: ranks 0 and 1 on GPU 0,

@@ -394,6 +394,9 @@ TEST_P(GpuSpecialValues, ReductionsOfEveryFloatFormatGiveWhatTheCpuGives) {
   failures.report();
 }
 
-INSTANTIATE_TEST_SUITE_P(Protocols, GpuSpecialValues, ::testing::Values("Simple", "LL"));
+INSTANTIATE_TEST_SUITE_P(Protocols, GpuSpecialValues, ::testing::Values("Simple", "LL"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.param);
+                         });
 
 }  // namespace
