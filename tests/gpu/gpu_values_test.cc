@@ -9,11 +9,11 @@
 // Two ranks as threads on GPU 0, one all-reduce per dtype x op on device buffers (the kernels:
 // Simple, the ring's LL, and LL's gathered all-reduce for a handful of elements) and the same
 // call on pageable host buffers (the CPU engine, its SIMD fp16 loops included), in place or out
-// of place by turns. A result must be one a
-// chain of the two ranks gives (where the rounding of a pre-scaled input depends on which rank
-// starts the chain, each order is allowed) and the same bits on both ranks; a NaN must be a NaN,
-// of any sign and payload (a GPU's arithmetic gives its canonical NaN, where x86 keeps the
-// operand's).
+// of place by turns. A result must be one the path that ran gives for some order of the two
+// ranks (where the rounding of a pre-scaled input depends on which rank starts an element's
+// chain, each order is allowed; PreMulSum's scalar differs between the ranks) and the same bits
+// on both ranks; a NaN must be a NaN, of any sign and payload (a GPU's arithmetic gives its
+// canonical NaN, where x86 keeps the operand's).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -74,6 +74,10 @@ uint64_t mix(uint64_t x) {  // splitmix64's finaliser: the random pairs
 }
 
 enum Op { kSum, kProd, kMax, kMin, kAvg, kPreMul };
+// Which code reduces: the kernels' ring (Simple, or LL over many steps), their gathered LL
+// all-reduce of a few elements (dev::kAlgoGather: the planner gives it the 13-element LL runs
+// below; tests/emu's EmuPlan tests hold the planner to that), or the CPU engine.
+enum Path { kRing, kGathered, kHostEngine };
 const char* opName(int op) {
   static const char* kNames[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
   return kNames[op];
@@ -117,15 +121,20 @@ struct Format {
         return a + b;
     }
   }
-  // What two ranks holding a and b may get. pre: the scalar each input is multiplied by
-  // first (Avg on fp16 / bf16 / float / double, PreMulSum), sent rounded to the format by the
-  // rank that starts the chain, or kept in Acc by the one that finishes it; post: Avg's
-  // division of the finished sum (fp8).
-  static std::vector<uint64_t> allowed(int op, uint64_t a, uint64_t b, const Acc* pre, bool post) {
+  // What two ranks holding a and b may get on `path`. pre: the scalars rank 0's and rank 1's
+  // inputs are multiplied by first (Avg on fp16 / bf16 / float / double, PreMulSum); post:
+  // Avg's division of the finished sum (fp8). A chain's first rank sends its scaled input
+  // rounded to the format, the next scales its own in Acc and adds (the ring: either rank may
+  // start an element's chain); the gathered all-reduce sums the rounded inputs of both; the CPU
+  // engine also has exchanges whose receivers scale both inputs in Acc.
+  static std::vector<uint64_t> allowed(int op, uint64_t a, uint64_t b, const Acc* pre, bool post,
+                                       Path path) {
     const Acc x = load(a), y = load(b);
     if (pre) {
-      const Acc px = x * *pre, py = y * *pre, rx = load(store(px)), ry = load(store(py));
-      return {store(rx + py), store(ry + px), store(rx + ry), store(px + py)};
+      const Acc px = x * pre[0], py = y * pre[1], rx = load(store(px)), ry = load(store(py));
+      if (path == kGathered) return {store(rx + ry)};
+      if (path == kRing) return {store(rx + py), store(ry + px)};
+      return {store(rx + py), store(ry + px), store(px + py)};
     }
     if (post) return {store((x + y) / Acc(2))};
     return {store(combine(op, x, y)), store(combine(op, y, x))};
@@ -173,6 +182,8 @@ struct Reduction {
   size_t count;   // the inputs' first `count` elements
   bool onDevice;  // device buffers (kernels) or host buffers (the CPU engine)
   bool inPlace;
+  bool gathered = false;  // few enough elements for LL's gathered all-reduce
+  Path path() const { return !onDevice ? kHostEngine : gathered ? kGathered : kRing; }
   std::string name() const {
     return std::string(opName(op)) + " on " + std::to_string(count) + " " +
            tutti::dtypeName(dtype) + (onDevice ? ", device buffers" : ", host buffers") +
@@ -193,19 +204,20 @@ uint64_t unpacked(const std::vector<uint8_t>& bytes, size_t i, size_t es) {
 }
 
 // "" or the first elements that are wrong (at most 5), with their inputs and what was allowed.
+// preScalarBits: rank 0's and rank 1's scalars, or null.
 template <typename CT>
 std::string check(const Reduction& run, const Inputs& in, const std::vector<uint8_t>& got,
                   const uint64_t* preScalarBits, bool post) {
   using F = Format<CT>;
-  typename F::Acc pre{};
-  if (preScalarBits) pre = F::load(*preScalarBits);
+  typename F::Acc pre[2] = {};
+  if (preScalarBits) pre[0] = F::load(preScalarBits[0]), pre[1] = F::load(preScalarBits[1]);
   std::string bad;
   int shown = 0;
   for (size_t i = 0; i < run.count && shown < 5; ++i) {
     const uint64_t g = unpacked(got, i, sizeof(CT));
     bool ok = false;
     const std::vector<uint64_t> allowed =
-        F::allowed(run.op, in.a[i], in.b[i], preScalarBits ? &pre : nullptr, post);
+        F::allowed(run.op, in.a[i], in.b[i], preScalarBits ? pre : nullptr, post, run.path());
     for (uint64_t w : allowed) ok = ok || (F::isNan(w) ? F::isNan(g) : g == w);
     if (ok) continue;
     char line[256];
@@ -244,22 +256,23 @@ std::string checkAny(const Reduction& run, const Inputs& in, const std::vector<u
   }
 }
 
-// PreMulSum's scalar: 0.3 in the format (rounded), so that pre-scaled inputs round; Avg's
-// implied one is 1/2.
-uint64_t preMulScalar(int dtype) {
+// PreMulSum's scalar on each rank (each rank's own, as NCCL lets them be): 0.3 and 1.7 in the
+// format (rounded), so that pre-scaled inputs round; Avg's implied one is 1/2.
+uint64_t preMulScalar(int dtype, int rank) {
+  const double v = rank == 0 ? 0.3 : 1.7;
   switch (dtype) {
     case ncclFloat16:
-      return Format<cpu::half_t>::store(0.3f);
+      return Format<cpu::half_t>::store(float(v));
     case ncclBfloat16:
-      return Format<cpu::bf16_t>::store(0.3f);
+      return Format<cpu::bf16_t>::store(float(v));
     case ncclFloat8e4m3:
-      return Format<cpu::fp8e4m3_t>::store(0.3f);
+      return Format<cpu::fp8e4m3_t>::store(float(v));
     case ncclFloat8e5m2:
-      return Format<cpu::fp8e5m2_t>::store(0.3f);
+      return Format<cpu::fp8e5m2_t>::store(float(v));
     case ncclFloat32:
-      return Format<float>::bitsOf(0.3f);
+      return Format<float>::bitsOf(float(v));
     default:
-      return Format<double>::bitsOf(0.3);
+      return Format<double>::bitsOf(v);
   }
 }
 uint64_t half(int dtype) {
@@ -295,7 +308,7 @@ TEST_P(GpuSpecialValues, ReductionsOfEveryFloatFormatGiveWhatTheCpuGives) {
         const bool inPlace = (op + dev) % 2 == 1;  // each op both ways, each engine both ways
         runs.push_back({dtype, op, all, dev, inPlace});
         // A handful of elements: LL's gathered all-reduce (one step, one channel).
-        if (proto == "LL" && dev) runs.push_back({dtype, op, 13, dev, !inPlace});
+        if (proto == "LL" && dev) runs.push_back({dtype, op, 13, dev, !inPlace, true});
       }
     }
   }
@@ -323,14 +336,15 @@ TEST_P(GpuSpecialValues, ReductionsOfEveryFloatFormatGiveWhatTheCpuGives) {
     if (run.dtype != lastDtype) in = inputsFor(lastDtype = run.dtype);
     const size_t es = tutti::dtypeSize(run.dtype), bytes = run.count * es;
     const bool fp8 = es == 1;
-    const uint64_t scalar = run.op == kAvg ? half(run.dtype) : preMulScalar(run.dtype);
+    const uint64_t scalars[n] = {run.op == kAvg ? half(run.dtype) : preMulScalar(run.dtype, 0),
+                                 run.op == kAvg ? half(run.dtype) : preMulScalar(run.dtype, 1)};
     const bool pre = run.op == kPreMul || (run.op == kAvg && !fp8);
     std::vector<uint8_t> results[n];
     onThreads(n, [&](int r) {
       ncclComm_t comm = comms[size_t(r)];
       const std::string what = run.name() + ", rank " + std::to_string(r);
       ncclRedOp_t op = ncclRedOp_t(run.op == kAvg ? int(ncclAvg) : run.op);
-      uint64_t s = scalar;
+      uint64_t s = scalars[r];
       if (run.op == kPreMul &&
           !failures.ok(r,
                        ncclRedOpCreatePreMulSum(&op, &s, ncclDataType_t(run.dtype),
@@ -374,7 +388,7 @@ TEST_P(GpuSpecialValues, ReductionsOfEveryFloatFormatGiveWhatTheCpuGives) {
     });
     if (failures.list.size() > failed) break;  // a call failed: the rest would wait for it
     const std::string bad =
-        checkAny(run, in, results[0], pre ? &scalar : nullptr, run.op == kAvg && fp8);
+        checkAny(run, in, results[0], pre ? scalars : nullptr, run.op == kAvg && fp8);
     if (!bad.empty()) failures.add(0, run.name() + ":" + bad);
     if (results[0] != results[1]) {
       size_t i = 0;
