@@ -256,6 +256,59 @@ TEST(GpuCalls, ADriverThatWantsWholeParametersGetsThem) {
   EXPECT_EQ(seen.bytes, sizeof(tutti::dev::DevArgs));
 }
 
+// Four ranks on one GPU as threads, each on a stream of its own, calling without a group, in
+// step (what `tutti-perf -t 4` times, issue 5's 4-rank 8-byte target): per rank and operation
+// what a rank in a group makes (above), so a rank's thread pays for no group of one -- a record
+// of where its stream stood, one of its kernel's end, the capture query, the stream's GPU, the
+// buffers' kinds (one query in place, two out of place) and the launch.
+TEST(GpuCalls, FourThreadRanksWithoutAGroupEachLaunchOncePerOperation) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kRanks = 4;
+  std::vector<ncclComm_t> comms(kRanks);
+  std::vector<int> devs(kRanks, 0);
+  ASSERT_EQ(ncclCommInitAll(comms.data(), kRanks, devs.data()), ncclSuccess);
+  ThreadBarrier barrier(kRanks);
+  std::vector<std::string> inPlace(kRanks), outOfPlace(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      const size_t i = size_t(r);
+      EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+      float *a = nullptr, *b = nullptr;
+      cudaStream_t s;
+      EXPECT_EQ(cudaMalloc(&a, 64), cudaSuccess);
+      EXPECT_EQ(cudaMalloc(&b, 64), cudaSuccess);
+      EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+      auto ops = [&](float* out) {  // in step: no rank more than one operation ahead
+        for (int k = 0; k < kOps; ++k) {
+          barrier.wait();
+          ASSERT_EQ(ncclAllReduce(a, out, 2, ncclFloat, ncclSum, comms[i], s), ncclSuccess)
+              << ncclGetLastError(comms[i]);
+        }
+      };
+      ops(a);  // the first operations connect the links and make the events
+      ops(b);
+      inPlace[i] = costlyCallsPerOp(kOps, [&] { ops(a); });
+      outOfPlace[i] = costlyCallsPerOp(kOps, [&] { ops(b); });
+      barrier.wait();
+      EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      cudaStreamDestroy(s);
+      cudaFree(a);
+      cudaFree(b);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const std::string common =
+      "cudaEventRecord 1, cudaEventRecordWithFlags 1, cudaStreamGetCaptureInfo 1, "
+      "cudaStreamGetDevice 1, cudaPointerGetAttributes ";
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(inPlace[size_t(r)], common + "1, cuLaunchKernel 1") << "rank " << r << ", in place";
+    EXPECT_EQ(outOfPlace[size_t(r)], common + "2, cuLaunchKernel 1")
+        << "rank " << r << ", out of place";
+  }
+  for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
 // Four ranks on one GPU as threads, each on a stream of its own, calling without a group: each
 // leaves an entry event on its stream at every operation (a sibling that shared the stream
 // would wait there), given back once every sibling has passed that operation. Threads run
@@ -270,7 +323,6 @@ TEST(GpuCalls, RanksRunningAheadOfTheirSiblingsReuseTheirEntryEvents) {
   std::vector<int> devs(kRanks, 0);
   ASSERT_EQ(ncclCommInitAll(comms.data(), kRanks, devs.data()), ncclSuccess);
   ThreadBarrier barrier(kRanks);
-  std::vector<std::string> perRank(kRanks);
   std::vector<unsigned long> made(kRanks), destroyed(kRanks);
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
