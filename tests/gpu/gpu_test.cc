@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <regex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -152,15 +153,18 @@ TEST_P(GpuProcessMatrix, EveryCollectiveOnDeviceBuffersMatchesTheOracle) {
               std::string::npos)
         << "rank " << rank << ": " << r.output;
   }
-  // Which links the ranks made: mapped host memory where either end disabled p2p (one rank:
-  // the links to and from it), else GPU memory.
-  const bool mapped = r.output.find(" via shm/mapped") != std::string::npos;
-  const bool direct = r.output.find(" via p2p") != std::string::npos;
-  if (s.nranks > 1) {
-    EXPECT_EQ(mapped, s.p2pDisabledRank >= 0) << r.output;
-    EXPECT_EQ(direct, s.p2pDisabledRank < 0 || (s.p2pDisabledRank < s.nranks && s.nranks > 2))
-        << r.output;
+  // Each link the ranks made: through mapped host memory where either end disabled p2p, else
+  // through GPU memory.
+  const std::regex link(R"(rank (\d+) -> rank (\d+) channel \d+ via (\S+))");
+  int links = 0;
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), link), end; it != end; ++it) {
+    ++links;
+    const int from = std::stoi((*it)[1]), to = std::stoi((*it)[2]);
+    const bool off =
+        s.p2pDisabledRank >= s.nranks || from == s.p2pDisabledRank || to == s.p2pDisabledRank;
+    EXPECT_EQ((*it)[3], off ? "shm/mapped" : "p2p") << (*it)[0];
   }
+  if (s.nranks > 1) EXPECT_GT(links, 0) << r.output;
 }
 
 // 1-8 processes, both protocols and the automatic choice, and the mapped path on all ranks and
