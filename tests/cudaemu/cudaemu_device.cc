@@ -15,9 +15,10 @@ thread_local cudaError_t tLastError = cudaSuccess;
 
 bool validDevice(int d) { return d >= 0 && d < deviceCount(); }
 
-// Bus 0x10 + d: distinct, and parseable back.
+// Bus 0x10 + the GPU's index among all (not the process's numbering): distinct, and parseable
+// back.
 void formatBusId(char* out, int len, int d) {
-  snprintf(out, size_t(len), "0000:%02x:00.0", 0x10 + d);
+  snprintf(out, size_t(len), "0000:%02x:00.0", 0x10 + device(d).physical);
 }
 
 thread_local int tCallDepth = 0;  // entry points this thread is inside
@@ -166,7 +167,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
   if (!validDevice(d)) return fail(cudaErrorInvalidDevice);
   memset(p, 0, sizeof(*p));
   snprintf(p->name, sizeof(p->name), "tutti emulated GPU %d", d);
-  for (int i = 0; i < 16; ++i) p->uuid.bytes[i] = char(0xe0 + (i == 15 ? d : i));
+  for (int i = 0; i < 16; ++i) p->uuid.bytes[i] = char(0xe0 + (i == 15 ? device(d).physical : i));
   p->totalGlobalMem = size_t(16) << 30;
   p->multiProcessorCount = device(d).sms;
   p->maxThreadsPerBlock = 1024;

@@ -36,9 +36,32 @@ struct State {
     const int n = envInt("TUTTI_EMU_GPUS", 1, 0, 64);
     const int sms = envInt("TUTTI_EMU_SMS", 132, 1, 1024);
     threads = envInt("TUTTI_EMU_THREADS", 2, 1, 64);
-    for (int i = 0; i < n; ++i) {
+    // CUDA_VISIBLE_DEVICES: the GPUs this process sees, by index, up to the first entry that
+    // names none (as CUDA reads it; UUIDs are not taken here).
+    std::vector<int> visible;
+    const char* v = getenv("CUDA_VISIBLE_DEVICES");
+    if (v) {
+      std::string list(v);
+      size_t at = 0;
+      while (at <= list.size()) {
+        const size_t end = std::min(list.find(',', at), list.size());
+        const std::string item = list.substr(at, end - at);
+        char* rest = nullptr;
+        const long g = strtol(item.c_str(), &rest, 10);
+        if (item.empty() || *rest != 0 || g < 0 || g >= n ||
+            std::find(visible.begin(), visible.end(), int(g)) != visible.end()) {
+          break;
+        }
+        visible.push_back(int(g));
+        at = end + 1;
+      }
+    } else {
+      for (int i = 0; i < n; ++i) visible.push_back(i);
+    }
+    for (size_t i = 0; i < visible.size(); ++i) {
       auto d = std::make_unique<Device>();
-      d->id = i;
+      d->id = int(i);
+      d->physical = visible[i];
       d->sms = sms;
       d->freeSlots = sms;
       devices.push_back(std::move(d));

@@ -253,6 +253,38 @@ TEST(GpuEmu, GpusThatCannotReachEachOtherLinkThroughMappedHostMemory) {
   }
 }
 
+// Processes that each see only their own GPU (CUDA_VISIBLE_DEVICES=<rank>, as launchers set
+// it) cannot ask whether their GPUs reach each other: their links go through mapped host memory,
+// the sums are right, and each process says once why and what to do. Where both see the same
+// GPU, their links are in GPU memory (CUDA IPC) and nothing is said.
+TEST(GpuEmu, ProcessesThatSeeOnlyTheirOwnGpuLinkThroughMappedHostMemoryAndSaySo) {
+  SKIP_WITHOUT_GPU();
+  for (const char* visible : {"$RANK", "1"}) {
+    const bool own = visible[0] == '$';
+    const std::string cmd = std::string(
+                                "TUTTI_EMU_GPUS=2 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "
+                                "TUTTI_MATRIX_FILTER='AllReduce float' ") +
+                            TUTTI_RUN_BIN + " -n 2 sh -c 'CUDA_VISIBLE_DEVICES=" + visible +
+                            " exec \"$0\" coll-device' " + TUTTI_TEST_RANK_BIN + " 2>&1";
+    RunResult r = runShell(cmd);
+    EXPECT_EQ(r.exitCode, 0) << r.output;
+    EXPECT_NE(r.output.find("cases passed on rank 1\n"), std::string::npos) << r.output;
+    const std::regex link(R"(rank (\d+) -> rank (\d+) channel \d+ via (\S+))");
+    int links = 0;
+    for (std::sregex_iterator it(r.output.begin(), r.output.end(), link), end; it != end; ++it) {
+      ++links;
+      EXPECT_EQ((*it)[3], own ? "shm/mapped" : "p2p") << visible << ": " << (*it)[0];
+    }
+    EXPECT_GT(links, 0) << r.output;
+    size_t said = 0;
+    for (size_t at = r.output.find("is not visible in this process"); at != std::string::npos;
+         at = r.output.find("is not visible in this process", at + 1)) {
+      ++said;
+    }
+    EXPECT_EQ(said, own ? 2u : 0u) << visible << ": " << r.output;  // once per process
+  }
+}
+
 // Ranks of separate processes on one GPU without MPS take turns on it (time slices): the lowest
 // of them says so once, naming the pipe directory it looked in, and says nothing where an MPS
 // control daemon's pipe is there. Emulated only: a "control" file that is no daemon's pipe
