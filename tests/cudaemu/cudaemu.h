@@ -5,9 +5,10 @@
 // The kernels are the library's own source compiled for the host (kernels/cuda/dev_emu.h).
 //
 // What it models, and how far:
-// - devices: TUTTI_EMU_GPUS of them (1 unless set; CUDA_VISIBLE_DEVICES, a list of their
-//   indices, shows the process those alone, in its order: bus ids and UUIDs follow the GPU,
-//   not the process's numbering), each with TUTTI_EMU_SMS "SMs" (132 unless
+// - devices: TUTTI_EMU_GPUS of them (1 unless set; TUTTI_EMU_VISIBLE_DEVICES, a list of their
+//   indices as CUDA_VISIBLE_DEVICES is, shows the process those alone, in its order: bus ids
+//   and UUIDs follow the GPU, not the process's numbering; IPC handles of GPUs it cannot see
+//   still open, as CUDA documents), each with TUTTI_EMU_SMS "SMs" (132 unless
 //   set: an H100 SXM's or an H200's) of one resident block each; a block waits for a free one
 //   before it starts, so blocks that wait for blocks which cannot become resident hang here as
 //   on a GPU;
@@ -114,7 +115,7 @@ using EventPtr = std::shared_ptr<Event>;
 
 struct Device {
   int id = 0;
-  int physical = 0;  // its index among the TUTTI_EMU_GPUS (CUDA_VISIBLE_DEVICES picks them)
+  int physical = 0;  // its index among the TUTTI_EMU_GPUS (TUTTI_EMU_VISIBLE_DEVICES picks)
   int sms = 132;
   std::mutex mu;
   std::condition_variable cv;

@@ -34,9 +34,9 @@ struct IpcHandle {
   int32_t pid;
   int32_t fd;
   uint64_t bytes;
-  uint64_t serial;  // the fd's number may name another allocation once this one is freed
-  uint64_t offset;  // of the pointer in the memfd
-  int32_t device;
+  uint64_t serial;   // the fd's number may name another allocation once this one is freed
+  uint64_t offset;   // of the pointer in the memfd
+  int32_t physical;  // the GPU's index among all (cudaemu.h's Device::physical)
 };
 static_assert(sizeof(IpcHandle) <= sizeof(cudaIpcMemHandle_t));
 
@@ -298,7 +298,8 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* h, void* p) {
     return fail(cudaErrorInvalidValue);
   memset(h, 0, sizeof(*h));
   const Alloc& a = it->second;
-  const IpcHandle ipc{kIpcMagic, int32_t(getpid()), a.fd, a.bytes, a.serial, a.offset, a.device};
+  const IpcHandle ipc{kIpcMagic, int32_t(getpid()),        a.fd, a.bytes, a.serial,
+                      a.offset,  device(a.device).physical};
   memcpy(h->reserved, &ipc, sizeof(ipc));
   return cudaSuccess;
 }
@@ -326,10 +327,15 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned int) {
   close(fd);
   if (!mapped) return fail(cudaErrorMapBufferObjectFailed);
   char* m = g.memfd + ipc.offset;
+  // The exporter's GPU in this process's numbering; one it cannot see (CUDA opens such handles
+  // too) is counted as the current device's.
+  int owner = currentDevice();
+  for (int d = 0; d < deviceCount(); ++d)
+    if (device(d).physical == ipc.physical) owner = d;
   std::lock_guard<std::mutex> lock(memory().mu);
   memory().allocs[reinterpret_cast<uintptr_t>(m)] =
-      Alloc{size_t(ipc.bytes), Kind::kIpcOpened, int(ipc.device),   -1, 0,
-            g.region,          g.regionBytes,    size_t(ipc.offset)};
+      Alloc{size_t(ipc.bytes), Kind::kIpcOpened,  owner, -1, 0, g.region,
+            g.regionBytes,     size_t(ipc.offset)};
   *p = m;
   return cudaSuccess;
 }

@@ -36,10 +36,12 @@ struct State {
     const int n = envInt("TUTTI_EMU_GPUS", 1, 0, 64);
     const int sms = envInt("TUTTI_EMU_SMS", 132, 1, 1024);
     threads = envInt("TUTTI_EMU_THREADS", 2, 1, 64);
-    // CUDA_VISIBLE_DEVICES: the GPUs this process sees, by index, up to the first entry that
-    // names none (as CUDA reads it; UUIDs are not taken here).
+    // TUTTI_EMU_VISIBLE_DEVICES, the emulator's CUDA_VISIBLE_DEVICES (the real one, which a
+    // developer's or a runner's environment may hold, must not hide the emulated GPUs): the
+    // GPUs this process sees, by index, up to the first entry that names none, as CUDA reads
+    // its own (UUIDs are not taken here).
     std::vector<int> visible;
-    const char* v = getenv("CUDA_VISIBLE_DEVICES");
+    const char* v = getenv("TUTTI_EMU_VISIBLE_DEVICES");
     if (v) {
       std::string list(v);
       size_t at = 0;

@@ -254,9 +254,10 @@ TEST(GpuEmu, GpusThatCannotReachEachOtherLinkThroughMappedHostMemory) {
 }
 
 // Processes that each see only their own GPU (CUDA_VISIBLE_DEVICES=<rank>, as launchers set
-// it) cannot ask whether their GPUs reach each other: their links go through mapped host memory,
-// the sums are right, and each process says once why and what to do. Where both see the same
-// GPU, their links are in GPU memory (CUDA IPC) and nothing is said.
+// it; TUTTI_EMU_VISIBLE_DEVICES to the emulator) cannot ask whether their GPUs reach each other:
+// their links go through mapped host memory, the sums are right, and each process says once why and
+// what to do. Where both see the same GPU, their links are in GPU memory (CUDA IPC) and nothing is
+// said.
 TEST(GpuEmu, ProcessesThatSeeOnlyTheirOwnGpuLinkThroughMappedHostMemoryAndSaySo) {
   SKIP_WITHOUT_GPU();
   for (const char* visible : {"$RANK", "1"}) {
@@ -264,7 +265,7 @@ TEST(GpuEmu, ProcessesThatSeeOnlyTheirOwnGpuLinkThroughMappedHostMemoryAndSaySo)
     const std::string cmd = std::string(
                                 "TUTTI_EMU_GPUS=2 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "
                                 "TUTTI_MATRIX_FILTER='AllReduce float' ") +
-                            TUTTI_RUN_BIN + " -n 2 sh -c 'CUDA_VISIBLE_DEVICES=" + visible +
+                            TUTTI_RUN_BIN + " -n 2 sh -c 'TUTTI_EMU_VISIBLE_DEVICES=" + visible +
                             " exec \"$0\" coll-device' " + TUTTI_TEST_RANK_BIN + " 2>&1";
     RunResult r = runShell(cmd);
     EXPECT_EQ(r.exitCode, 0) << r.output;
