@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -241,13 +240,12 @@ TEST(GpuEmu, GpusThatCannotReachEachOtherLinkThroughMappedHostMemory) {
                                      "FourRanksOnTwoGpusAllReduce", &passed);
     EXPECT_TRUE(passed) << out;
     // The links between the GPUs (ranks 0 and 2 on GPU 0 also link to each other, directly).
-    const std::regex link(R"(rank (\d+) -> rank (\d+) channel \d+ via (\S+))");
     int across = 0;
-    for (std::sregex_iterator it(out.begin(), out.end(), link), end; it != end; ++it) {
-      if (std::stoi((*it)[1]) % 2 == std::stoi((*it)[2]) % 2) continue;
+    for (const LinkLine& l : linkLines(out)) {
+      if (l.from % 2 == l.to % 2) continue;
       ++across;
-      EXPECT_EQ((*it)[3], denied[0] == '1' ? "shm/mapped" : "p2p")
-          << "no peer access: " << denied << ": " << (*it)[0];
+      EXPECT_EQ(l.via, denied[0] == '1' ? "shm/mapped" : "p2p")
+          << "no peer access: " << denied << ": " << l.line;
     }
     EXPECT_GT(across, 0) << out;
   }
@@ -270,19 +268,12 @@ TEST(GpuEmu, ProcessesThatSeeOnlyTheirOwnGpuLinkThroughMappedHostMemoryAndSaySo)
     RunResult r = runShell(cmd);
     EXPECT_EQ(r.exitCode, 0) << r.output;
     EXPECT_NE(r.output.find("cases passed on rank 1\n"), std::string::npos) << r.output;
-    const std::regex link(R"(rank (\d+) -> rank (\d+) channel \d+ via (\S+))");
-    int links = 0;
-    for (std::sregex_iterator it(r.output.begin(), r.output.end(), link), end; it != end; ++it) {
-      ++links;
-      EXPECT_EQ((*it)[3], own ? "shm/mapped" : "p2p") << visible << ": " << (*it)[0];
-    }
-    EXPECT_GT(links, 0) << r.output;
-    size_t said = 0;
-    for (size_t at = r.output.find("is not visible in this process"); at != std::string::npos;
-         at = r.output.find("is not visible in this process", at + 1)) {
-      ++said;
-    }
-    EXPECT_EQ(said, own ? 2u : 0u) << visible << ": " << r.output;  // once per process
+    const std::vector<LinkLine> links = linkLines(r.output);
+    for (const LinkLine& l : links)
+      EXPECT_EQ(l.via, own ? "shm/mapped" : "p2p") << visible << ": " << l.line;
+    EXPECT_GT(links.size(), 0u) << r.output;
+    EXPECT_EQ(timesIn(r.output, "is not visible in this process"), own ? 2u : 0u)  // per process
+        << visible << ": " << r.output;
   }
 }
 
@@ -301,12 +292,7 @@ TEST(GpuEmu, ProcessesSharingAGpuWithoutMpsAreWarnedOnce) {
                           " coll-device 2>&1";
   RunResult without = runShell(cmd);
   EXPECT_EQ(without.exitCode, 0) << without.output;
-  size_t warned = 0;
-  for (size_t at = without.output.find("no MPS daemon"); at != std::string::npos;
-       at = without.output.find("no MPS daemon", at + 1)) {
-    ++warned;
-  }
-  EXPECT_EQ(warned, 1u) << without.output;
+  EXPECT_EQ(timesIn(without.output, "no MPS daemon"), 1u) << without.output;
   EXPECT_NE(without.output.find("rank 0: 2 rank(s) of other processes share GPU 0"),
             std::string::npos)
       << without.output;

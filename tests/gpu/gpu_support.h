@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <regex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -44,6 +45,20 @@ inline int spreadGpus(const char* env) {
   int want = v && *v ? atoi(v) : 1, present = 0;
   if (cudaGetDeviceCount(&present) != cudaSuccess) cudaGetLastError();
   return std::max(1, std::min(want, present));
+}
+
+// The links an NCCL_DEBUG=INFO (subsystem INIT) run made, one line each ("rank 1 -> rank 2
+// channel 0 via shm/mapped"): the ranks at both ends, what the link is, and the line.
+struct LinkLine {
+  int from, to;
+  std::string via, line;
+};
+inline std::vector<LinkLine> linkLines(const std::string& out) {
+  static const std::regex link(R"(rank (\d+) -> rank (\d+) channel \d+ via (\S+))");
+  std::vector<LinkLine> lines;
+  for (std::sregex_iterator it(out.begin(), out.end(), link), end; it != end; ++it)
+    lines.push_back({std::stoi((*it)[1]), std::stoi((*it)[2]), (*it)[3], (*it)[0]});
+  return lines;
 }
 
 // n ranks as threads, rank r on GPU r % gpus (ncclCommInitRank after cudaSetDevice).

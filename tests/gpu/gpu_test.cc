@@ -11,7 +11,6 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
-#include <regex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -155,16 +154,13 @@ TEST_P(GpuProcessMatrix, EveryCollectiveOnDeviceBuffersMatchesTheOracle) {
   }
   // Each link the ranks made: through mapped host memory where either end disabled p2p, else
   // through GPU memory.
-  const std::regex link(R"(rank (\d+) -> rank (\d+) channel \d+ via (\S+))");
-  int links = 0;
-  for (std::sregex_iterator it(r.output.begin(), r.output.end(), link), end; it != end; ++it) {
-    ++links;
-    const int from = std::stoi((*it)[1]), to = std::stoi((*it)[2]);
+  const std::vector<LinkLine> links = linkLines(r.output);
+  for (const LinkLine& l : links) {
     const bool off =
-        s.p2pDisabledRank >= s.nranks || from == s.p2pDisabledRank || to == s.p2pDisabledRank;
-    EXPECT_EQ((*it)[3], off ? "shm/mapped" : "p2p") << (*it)[0];
+        s.p2pDisabledRank >= s.nranks || l.from == s.p2pDisabledRank || l.to == s.p2pDisabledRank;
+    EXPECT_EQ(l.via, off ? "shm/mapped" : "p2p") << l.line;
   }
-  if (s.nranks > 1) EXPECT_GT(links, 0) << r.output;
+  if (s.nranks > 1) EXPECT_GT(links.size(), 0u) << r.output;
 }
 
 // 1-8 processes, both protocols and the automatic choice, and the mapped path on all ranks and

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -278,10 +279,9 @@ std::string checkAny(const Reduction& run, const Inputs& in, const std::vector<u
   }
 }
 
-// PreMulSum's scalar on each rank (each rank's own, as NCCL lets them be): 0.3 and 1.7 in the
-// format (rounded), so that pre-scaled inputs round; Avg's implied one is 1/2.
-uint64_t preMulScalar(int dtype, int rank) {
-  const double v = rank == 0 ? 0.3 : 1.7;
+// v in the format (rounded), as a scalar's bits: PreMulSum's on each rank (each rank's own, as
+// NCCL lets them be), 0.3 and 1.7, so that pre-scaled inputs round; Avg's implied one, 1/2.
+uint64_t scalarBits(int dtype, double v) {
   switch (dtype) {
     case ncclFloat16:
       return Format<cpu::half_t>::store(float(v));
@@ -297,18 +297,6 @@ uint64_t preMulScalar(int dtype, int rank) {
       return Format<double>::bitsOf(v);
   }
 }
-uint64_t half(int dtype) {
-  switch (dtype) {
-    case ncclFloat16:
-      return 0x3800;
-    case ncclBfloat16:
-      return 0x3f00;
-    case ncclFloat32:
-      return 0x3f000000;
-    default:
-      return 0x3fe0000000000000ull;
-  }
-}
 
 class GpuSpecialValues : public ::testing::TestWithParam<const char*> {};
 
@@ -322,9 +310,10 @@ TEST_P(GpuSpecialValues, ReductionsOfEveryFloatFormatGiveWhatTheCpuGives) {
   ASSERT_EQ(comms.size(), size_t(n));
 
   std::vector<Reduction> runs;
+  std::map<int, Inputs> inputs;  // by dtype
   for (int dtype :
        {ncclFloat16, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2, ncclFloat32, ncclFloat64}) {
-    const size_t all = inputsFor(dtype).a.size();
+    const size_t all = (inputs[dtype] = inputsFor(dtype)).a.size();
     // The few elements of the gathered runs: normal values whose scaled sums round otherwise
     // than the ring's (so that such a run the planner gave the ring fails its PreMulSum in fp16,
     // bf16 and fp8; checked with TUTTI_LL_GATHER_MAX_BYTES=0): fp8's patterns 0x40-0x4c against
@@ -357,14 +346,12 @@ TEST_P(GpuSpecialValues, ReductionsOfEveryFloatFormatGiveWhatTheCpuGives) {
 
   RankFailures failures;
   size_t failed = 0;  // wrong results so far: each run is checked, whatever those before gave
-  int lastDtype = -1;
-  Inputs in;
   for (const Reduction& run : runs) {
-    if (run.dtype != lastDtype) in = inputsFor(lastDtype = run.dtype);
+    const Inputs& in = inputs[run.dtype];
     const size_t es = tutti::dtypeSize(run.dtype), bytes = run.count * es;
     const bool fp8 = es == 1;
-    const uint64_t scalars[n] = {run.op == kAvg ? half(run.dtype) : preMulScalar(run.dtype, 0),
-                                 run.op == kAvg ? half(run.dtype) : preMulScalar(run.dtype, 1)};
+    const uint64_t scalars[n] = {scalarBits(run.dtype, run.op == kAvg ? 0.5 : 0.3),
+                                 scalarBits(run.dtype, run.op == kAvg ? 0.5 : 1.7)};
     const bool pre = run.op == kPreMul || (run.op == kAvg && !fp8);
     std::vector<uint8_t> results[n];
     onThreads(n, [&](int r) {

@@ -64,6 +64,12 @@ struct RunResult {
 };
 // Runs a shell command line and collects its output.
 RunResult runShell(const std::string& command);
+// How many times `what` occurs in `text` (a warning said once per process, say).
+inline size_t timesIn(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
 
 // tutti shm segments of this process still in /dev/shm (there should never be any left).
 int leftoverShmSegments();

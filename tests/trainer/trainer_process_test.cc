@@ -15,6 +15,19 @@
 namespace trainer {
 namespace {
 
+// Rank 0's per-epoch lines of a run of `epochs` epochs: train loss and test accuracy.
+struct EpochLine {
+  double trainLoss, testAcc;
+};
+std::vector<EpochLine> epochLines(const std::string& out, int epochs) {
+  const std::regex line("epoch (\\d)/" + std::to_string(epochs) +
+                        R"( .* train loss ([0-9.]+) .* test loss [0-9.]+ acc ([0-9.]+)%)");
+  std::vector<EpochLine> lines;
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it)
+    lines.push_back({std::stod((*it)[2]), std::stod((*it)[3])});
+  return lines;
+}
+
 // The real program under real launchers: tutti-run, and Open MPI's mpirun where it is installed
 // (scripts/test installs it), which on one host needs no rendezvous address.
 TEST(TrainerProcesses, LearnsUnderTuttiRunAndMpirun) {
@@ -35,15 +48,10 @@ TEST(TrainerProcesses, LearnsUnderTuttiRunAndMpirun) {
     const bool mpi = cmd.find("mpirun") != std::string::npos;
     EXPECT_NE(out.find(mpi ? "3 CPU ranks" : "2 CPU ranks"), std::string::npos) << cmd << "\n"
                                                                                 << out;
-    std::regex line(R"(epoch (\d)/2 .* train loss ([0-9.]+) .* test loss [0-9.]+ acc ([0-9.]+)%)");
-    std::vector<double> loss, acc;
-    for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it) {
-      loss.push_back(std::stod((*it)[2]));
-      acc.push_back(std::stod((*it)[3]));
-    }
-    ASSERT_EQ(loss.size(), 2u) << "only rank 0 reports, once an epoch\n" << cmd << "\n" << out;
-    EXPECT_LT(loss[1], loss[0]) << cmd << "\n" << out;
-    EXPECT_GT(acc[1], 70.0) << cmd << "\n" << out;  // chance is 10%
+    const std::vector<EpochLine> e = epochLines(out, 2);
+    ASSERT_EQ(e.size(), 2u) << "only rank 0 reports, once an epoch\n" << cmd << "\n" << out;
+    EXPECT_LT(e[1].trainLoss, e[0].trainLoss) << cmd << "\n" << out;
+    EXPECT_GT(e[1].testAcc, 70.0) << cmd << "\n" << out;  // chance is 10%
     if (!mpi) {
       EXPECT_NE(out.find("[rank 0] epoch 2/2"), std::string::npos) << out;
     }
@@ -57,16 +65,11 @@ TEST(TrainerProcesses, TheReadmesMainRunPasses85PercentInThreeEpochs) {
   const std::string cmd = std::string(TUTTI_RUN_BIN) + " -n 4 " + TUTTI_TRAIN_BIN + " --epochs 3";
   const tutti::test::RunResult r = tutti::test::runShell(cmd);
   ASSERT_EQ(r.exitCode, 0) << cmd << "\n" << r.output;
-  std::regex line(R"(epoch (\d)/3 .* train loss ([0-9.]+) .* test loss [0-9.]+ acc ([0-9.]+)%)");
-  std::vector<double> loss, acc;
-  for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it) {
-    loss.push_back(std::stod((*it)[2]));
-    acc.push_back(std::stod((*it)[3]));
-  }
-  ASSERT_EQ(loss.size(), 3u) << r.output;
-  EXPECT_LT(loss[1], loss[0]) << r.output;
-  EXPECT_LT(loss[2], loss[1]) << r.output;
-  EXPECT_GE(acc[2], 85.0) << r.output;
+  const std::vector<EpochLine> e = epochLines(r.output, 3);
+  ASSERT_EQ(e.size(), 3u) << r.output;
+  EXPECT_LT(e[1].trainLoss, e[0].trainLoss) << r.output;
+  EXPECT_LT(e[2].trainLoss, e[1].trainLoss) << r.output;
+  EXPECT_GE(e[2].testAcc, 85.0) << r.output;
 }
 
 // A job that tutti-run starts again after a rank failed (--max-restarts, as torchrun's) picks
@@ -113,12 +116,7 @@ TEST(TrainerProcesses, AnErrorEveryRankMakesIsPrintedOnce) {
     const tutti::test::RunResult r = tutti::test::runShell(cmd);
     const std::string& out = r.output;
     EXPECT_NE(r.exitCode, 0) << cmd << "\n" << out;
-    size_t count = 0;
-    for (size_t at = out.find("is not divisible by 3 ranks"); at != std::string::npos;
-         at = out.find("is not divisible by 3 ranks", at + 1)) {
-      ++count;
-    }
-    EXPECT_EQ(count, 1u) << cmd << "\n" << out;
+    EXPECT_EQ(tutti::test::timesIn(out, "is not divisible by 3 ranks"), 1u) << cmd << "\n" << out;
   }
 }
 
