@@ -13,6 +13,7 @@ namespace {
 // Bootstrap tags for link setup: one per (channel, direction of the link), unique per pair.
 constexpr uint32_t kLinkTag = 0x4c000000u;
 constexpr uint32_t kDeviceLinkTag = 0x4d000000u;
+constexpr uint32_t kReplyTag = 0x00800000u;  // | a link's tag: the sender's answer (reply())
 
 // NCCL_BUFFSIZE is a FIFO's slots (kSlots of them; shm adds cells, transport.h), for every
 // transport when it is set. By default shared memory uses 1 MiB, not NCCL's 4 MiB: its slots are
@@ -180,7 +181,22 @@ Status Links::ensure(const std::vector<LinkNeed>& needs, std::vector<int>* madeP
     if (!c.ok()) return c.status().withContext(linkName(n, t));
     TUTTI_INFO(log::kInit, "rank %d -> rank %d channel %d via %s", comm_.rank(), n.peer, n.channel,
                c.value()->transportName());
+    transport::Descriptor answer{};
+    if (c.value()->reply(&answer)) {
+      TUTTI_TRY(b->send(n.peer, tagOf(n.channel) | kReplyTag, &answer, sizeof(answer))
+                    .withContext("link setup"));
+    }
     conns_[n] = c.take();
+  }
+  // Answers come from the peers' loops above, which wait only for descriptors every rank sent
+  // before its own: no rank can block another here either.
+  for (auto& [n, c] : made) {
+    if (!c->awaitsReply()) continue;
+    transport::Descriptor answer{};
+    TUTTI_TRY(
+        b->recv(n.peer, tagOf(n.channel) | kReplyTag, &answer, sizeof(answer))
+            .withContext("link setup: waiting for rank " + std::to_string(n.peer) + "'s answer"));
+    if (Status s = c->takeReply(answer); !s.ok()) return s.withContext(linkName(n, nullptr));
   }
   for (auto& [n, c] : made) {
     if (Status s = c->finish(); !s.ok())

@@ -224,6 +224,12 @@ inline void prefaultSlots(const FifoView& f) {
   if (f.cells) populate(f.cells, kSteps * cellStrideFor(f.cellBytes));
 }
 
+// Carries the receiver's setup information to the sender over the bootstrap
+// (and a sender's answer back, Connection::reply).
+struct Descriptor {
+  char bytes[192];
+};
+
 class Connection {
  public:
   virtual ~Connection() = default;
@@ -242,6 +248,20 @@ class Connection {
   virtual Status health() const = 0;
   // Receiver side: completes the setup once the sender has connected.
   virtual Status finish() { return Status::Ok(); }
+  // A setup in which the sender chooses (p2p: GPU memory where its CUDA IPC open of the
+  // receiver's FIFO works, else mapped host memory) and tells the receiver. Sender side: true,
+  // and what to send in `out`, where the receiver's descriptor asked for an answer. Receiver
+  // side: whether it waits for one, and the answer, taken before finish() and before any
+  // kernel uses the FIFO.
+  virtual bool reply(Descriptor* out) {
+    (void)out;
+    return false;
+  }
+  virtual bool awaitsReply() const { return false; }
+  virtual Status takeReply(const Descriptor& in) {
+    (void)in;
+    return Status::Ok();
+  }
   // Tell the peer this side is gone (the communicator failed or aborted).
   virtual void breakLink() {
     if (fifo_.ctrl) fifo_.ctrl->broken.store(1, std::memory_order_release);
@@ -373,11 +393,6 @@ inline void postHead(FifoView& f) {
   f.ctrl->head.store(++f.step, std::memory_order_release);
   if (f.conn->drivesIo()) f.conn->kick();
 }
-
-// Carries the receiver's setup information to the sender over the bootstrap.
-struct Descriptor {
-  char bytes[192];
-};
 
 struct ConnSpec {
   int peer;

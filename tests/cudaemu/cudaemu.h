@@ -34,7 +34,8 @@
 //   errors, on the current device: 0 where a thread never chose one); and, to test the library's
 //   failure paths, launches that fail (TUTTI_EMU_FAIL_LAUNCH_AFTER=n: those after the process's
 //   first n), and GPUs that cannot reach each other (TUTTI_EMU_NO_PEER_ACCESS=1:
-//   cudaDeviceCanAccessPeer says no, cudaDeviceEnablePeerAccess fails).
+//   cudaDeviceCanAccessPeer says no, cudaDeviceEnablePeerAccess and cudaIpcOpenMemHandle of
+//   another GPU's memory fail with cudaErrorPeerAccessUnsupported).
 // What it does not: the GPU's memory model and timing (performance means nothing here), the
 // hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), blocks resident across processes or taken by
 // the application's own kernels, occupancy above one block per SM, the order in which waiting
@@ -140,6 +141,9 @@ void setCurrentDevice(int id);  // and makes its context
 // driver's calls run on.
 int boundDevice();
 int threadsPerBlock();
+// TUTTI_EMU_NO_PEER_ACCESS=1: GPUs that cannot reach each other's memory (no NVLink, PCIe
+// switches that refuse peer traffic), read at each call (cudaemu_device.cc).
+bool peerAccessDenied();
 // The stream a handle names (0 and cudaStreamLegacy: the current device's legacy stream;
 // cudaStreamPerThread: this thread's), or null for a handle that is not a live stream.
 StreamPtr resolve(cudaStream_t s);

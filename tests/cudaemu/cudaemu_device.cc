@@ -1,6 +1,7 @@
 // The emulated CUDA runtime (cudaemu.h): the devices' properties, the current device, and
 // errors.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -66,6 +67,11 @@ cudaError_t fail(cudaError_t e) {
   return e;
 }
 
+bool peerAccessDenied() {
+  const char* v = getenv("TUTTI_EMU_NO_PEER_ACCESS");
+  return v && *v && strcmp(v, "0") != 0;
+}
+
 }  // namespace cudaemu
 
 using namespace cudaemu;
@@ -113,6 +119,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     NAME(cudaErrorNoDevice)
     NAME(cudaErrorNotReady)
     NAME(cudaErrorPeerAccessAlreadyEnabled)
+    NAME(cudaErrorPeerAccessUnsupported)
     NAME(cudaErrorHostMemoryAlreadyRegistered)
     NAME(cudaErrorHostMemoryNotRegistered)
     NAME(cudaErrorDeviceUninitialized)
@@ -226,13 +233,6 @@ cudaError_t cudaDeviceGetByPCIBusId(int* d, const char* id) {
     }
   }
   return fail(cudaErrorInvalidDevice);
-}
-
-// TUTTI_EMU_NO_PEER_ACCESS=1: GPUs that cannot reach each other's memory (no NVLink, PCIe
-// switches that refuse peer traffic), read at each call.
-static bool peerAccessDenied() {
-  const char* v = getenv("TUTTI_EMU_NO_PEER_ACCESS");
-  return v && *v && strcmp(v, "0") != 0;
 }
 
 cudaError_t cudaDeviceCanAccessPeer(int* can, int d, int peer) {

@@ -311,6 +311,10 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned int) {
   memcpy(&ipc, h.reserved, sizeof(ipc));
   if (ipc.magic != kIpcMagic) return fail(cudaErrorInvalidValue);
   if (ipc.pid == getpid()) return fail(cudaErrorDeviceUninitialized);  // as CUDA: not here
+  // Another GPU's memory needs peer access to it (cudaIpcMemLazyEnablePeerAccess turns it on;
+  // where the GPUs cannot have it, CUDA refuses the open so).
+  if (ipc.physical != device(currentDevice()).physical && peerAccessDenied())
+    return fail(cudaErrorPeerAccessUnsupported);
   mayWaitForDevice(currentDevice());
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/fd/%d", int(ipc.pid), int(ipc.fd));

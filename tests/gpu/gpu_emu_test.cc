@@ -252,28 +252,43 @@ TEST(GpuEmu, GpusThatCannotReachEachOtherLinkThroughMappedHostMemory) {
 }
 
 // Processes that each see only their own GPU (CUDA_VISIBLE_DEVICES=<rank>, as launchers set
-// it; TUTTI_EMU_VISIBLE_DEVICES to the emulator) cannot ask whether their GPUs reach each other:
-// their links go through mapped host memory, the sums are right, and each process says once why and
-// what to do. Where both see the same GPU, their links are in GPU memory (CUDA IPC) and nothing is
-// said.
-TEST(GpuEmu, ProcessesThatSeeOnlyTheirOwnGpuLinkThroughMappedHostMemoryAndSaySo) {
+// it; TUTTI_EMU_VISIBLE_DEVICES to the emulator) cannot ask CUDA whether their GPUs reach each
+// other, but a sender can open its receiver's FIFO with CUDA IPC all the same: where the GPUs
+// reach each other their links are in GPU memory, silently; where they cannot
+// (TUTTI_EMU_NO_PEER_ACCESS=1: the open fails with cudaErrorPeerAccessUnsupported) they go
+// through mapped host memory, which each sender says at INFO, and the sums are right either
+// way. Where rank 0 sees both GPUs and rank 1 its own, rank 0 asks CUDA about the link into it
+// and rank 1 offers the choice for the other. Both processes seeing the same GPU: GPU memory.
+TEST(GpuEmu, ProcessesThatSeeOnlyTheirOwnGpuLinkThroughGpuMemoryWhereTheGpusReachEachOther) {
   SKIP_WITHOUT_GPU();
-  for (const char* visible : {"$RANK", "1"}) {
-    const bool own = visible[0] == '$';
+  struct Case {
+    const char* visible;
+    const char* denied;
+    const char* via;
+    size_t fellBack;  // senders whose IPC open failed
+  };
+  const char* asymmetric = "$([ $RANK = 0 ] && echo 0,1 || echo 1)";
+  for (const Case& c : {Case{"$RANK", "0", "p2p", 0}, Case{"$RANK", "1", "shm/mapped", 2},
+                        Case{asymmetric, "0", "p2p", 0}, Case{asymmetric, "1", "shm/mapped", 1},
+                        Case{"1", "0", "p2p", 0}}) {
+    const std::string what = std::string("visible ") + c.visible + ", no peer access " + c.denied;
     const std::string cmd = std::string(
                                 "TUTTI_EMU_GPUS=2 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "
-                                "TUTTI_MATRIX_FILTER='AllReduce float' ") +
-                            TUTTI_RUN_BIN + " -n 2 sh -c 'TUTTI_EMU_VISIBLE_DEVICES=" + visible +
+                                "TUTTI_MATRIX_FILTER='AllReduce float' TUTTI_EMU_NO_PEER_ACCESS=") +
+                            c.denied + " " + TUTTI_RUN_BIN +
+                            " -n 2 sh -c 'TUTTI_EMU_VISIBLE_DEVICES=" + c.visible +
                             " exec \"$0\" coll-device' " + TUTTI_TEST_RANK_BIN + " 2>&1";
     RunResult r = runShell(cmd);
-    EXPECT_EQ(r.exitCode, 0) << r.output;
-    EXPECT_NE(r.output.find("cases passed on rank 1\n"), std::string::npos) << r.output;
+    EXPECT_EQ(r.exitCode, 0) << what << ": " << r.output;
+    EXPECT_NE(r.output.find("cases passed on rank 1\n"), std::string::npos) << what << r.output;
     const std::vector<LinkLine> links = linkLines(r.output);
-    for (const LinkLine& l : links)
-      EXPECT_EQ(l.via, own ? "shm/mapped" : "p2p") << visible << ": " << l.line;
+    for (const LinkLine& l : links) EXPECT_EQ(l.via, c.via) << what << ": " << l.line;
     EXPECT_GT(links.size(), 0u) << r.output;
-    EXPECT_EQ(timesIn(r.output, "is not visible in this process"), own ? 2u : 0u)  // per process
-        << visible << ": " << r.output;
+    // Each sender that fell back says so once, with CUDA's reason; none warns.
+    EXPECT_EQ(timesIn(r.output, "cannot be reached from this one (cudaErrorPeerAccessUnsupported"),
+              c.fellBack)
+        << what << ": " << r.output;
+    EXPECT_EQ(r.output.find("cannot open rank"), std::string::npos) << what << ": " << r.output;
   }
 }
 

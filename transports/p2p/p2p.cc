@@ -3,7 +3,11 @@
 //                   its GPU's memory; a sender in the same process uses the pointer (enabling
 //                   peer access when the GPUs differ), one in another process opens it with
 //                   CUDA IPC. Ranks that share one GPU use this too: it is how the whole GPU
-//                   path runs on a one-GPU machine.
+//                   path runs on a one-GPU machine. Where the receiver cannot see the sender's
+//                   GPU (CUDA_VISIBLE_DEVICES of one GPU per process, as launchers often set
+//                   it), it cannot ask CUDA whether that GPU reaches its own: it offers both
+//                   this and a mapped segment (kEither), the sender tries the IPC open (CUDA
+//                   opens handles of GPUs the process cannot see) and answers which it took.
 //   mapped mode  -- NCCL_P2P_DISABLE=1, or GPUs that cannot reach each other: the FIFO is a
 //                   POSIX shared-memory segment that both sides register with CUDA as mapped
 //                   host memory, so kernels on both GPUs reach it over PCIe (NCCL's "shm"
@@ -36,158 +40,18 @@
 #include "runtime/cuda_scope.h"
 #include "runtime/env.h"
 #include "runtime/log.h"
+#include "transports/p2p/p2p_pools.h"
 #include "transports/transport.h"
 
 namespace tutti::transport {
 namespace {
 
-enum Mode : int32_t { kDevice = 1, kMapped = 2 };
+using p2p::BrokenWords;
+using p2p::KeptFifos;
 
-// Broken words of same-process links: one per FIFO, shared by its two ends (both connections
-// of this process). A word goes back to a pool when the last of them goes, never to CUDA: a
-// free waits for the GPU, and the last holder may be the peer's thread while a kernel on that
-// GPU waits for that very thread. The pool grows by pinned pages of 64 words; a word's device
-// address (the same for every GPU: the page is portable) is looked up once, with its page.
-class BrokenWords {
- public:
-  struct Word {
-    uint32_t* host = nullptr;
-    uint32_t* dev = nullptr;
-  };
-  // A word, zero, with one holder (the receiver); host nullptr (and *err) if none could be
-  // had. A new page is made outside the lock (CUDA calls may wait; a drop must not).
-  static Word make(cudaError_t* err) {
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> lock(mu());
-        if (!pool().empty()) {
-          const Word w = pool().back();
-          pool().pop_back();
-          __atomic_store_n(w.host, 0u, __ATOMIC_RELEASE);
-          held()[w.host] = Held{1, w.dev, nullptr};
-          return w;
-        }
-      }
-      void* p = nullptr;
-      void* d = nullptr;
-      *err = cudaHostAlloc(&p, kPage, cudaHostAllocMapped | cudaHostAllocPortable);
-      if (*err != cudaSuccess) return {};
-      *err = cudaHostGetDevicePointer(&d, p, 0);
-      if (*err != cudaSuccess) {
-        cudaFreeHost(p);
-        return {};
-      }
-      std::lock_guard<std::mutex> lock(mu());
-      for (size_t off = kPage; off >= kStride; off -= kStride) {  // lowest address first out
-        pool().push_back(Word{reinterpret_cast<uint32_t*>(static_cast<char*>(p) + off - kStride),
-                              reinterpret_cast<uint32_t*>(static_cast<char*>(d) + off - kStride)});
-      }
-    }
-  }
-  // The sender holds it too; host nullptr if the receiver let it go already.
-  static Word hold(uint32_t* host) {
-    std::lock_guard<std::mutex> lock(mu());
-    auto it = held().find(host);
-    if (it == held().end()) return {};
-    ++it->second.refs;
-    return Word{host, it->second.dev};
-  }
-  // Lets a holder go. The receiver passes the FIFO it allocated: whichever end lets go last
-  // gets it back to free (nullptr otherwise), so that a FIFO of two ranks of one process stays
-  // while either end's communicator lives -- the other's kernel may still write into it (an
-  // idle rank aborted while its peer's kernel sends to it).
-  static char* drop(uint32_t* host, char* fifo = nullptr) {
-    std::lock_guard<std::mutex> lock(mu());
-    auto it = held().find(host);
-    if (it == held().end()) return fifo;
-    if (fifo) it->second.fifo = fifo;
-    if (--it->second.refs > 0) return nullptr;
-    char* last = it->second.fifo;
-    pool().push_back(Word{host, it->second.dev});
-    held().erase(it);
-    return last;
-  }
-
- private:
-  static constexpr size_t kPage = 4096;
-  static constexpr size_t kStride = 64;  // a word per cache line
-  struct Held {
-    int refs;
-    uint32_t* dev;
-    char* fifo;  // the receiver's FIFO once the receiver let go (freed by the last holder)
-  };
-  // Never destroyed: a communicator may be destroyed during exit, after function statics.
-  static std::mutex& mu() {
-    static auto* m = new std::mutex;
-    return *m;
-  }
-  static std::map<uint32_t*, Held>& held() {
-    static auto* h = new std::map<uint32_t*, Held>;
-    return *h;
-  }
-  static std::vector<Word>& pool() {
-    static auto* v = new std::vector<Word>;
-    return *v;
-  }
-};
-
-// FIFOs in GPU memory that an abort kept because senders in other processes may still write
-// into them (keepIfOtherProcessWrites): a later communicator's p2p links free those kept long
-// enough that every such sender has seen the broken word (its kernel stops at its next wait,
-// microseconds on; a kernel that starts later waits at once, for slots it never gets). So
-// repeated aborts (a framework's teardown, an in-process restart) do not pile them up.
-class KeptFifos {
- public:
-  static void keep(char* dev, size_t bytes) {
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return;  // (not freed, then)
-    std::lock_guard<std::mutex> lock(mu());
-    list().push_back({dev, device, bytes, std::chrono::steady_clock::now()});
-  }
-  // Frees those kept TUTTI_ABORT_KEEP_S (10 s unless set) or more: the bytes.
-  static size_t freeOld() {
-    static const double keepS = env::getDouble("TUTTI_ABORT_KEEP_S", 10);
-    const auto now = std::chrono::steady_clock::now();
-    std::vector<Kept> old;
-    {
-      std::lock_guard<std::mutex> lock(mu());
-      auto& l = list();
-      for (size_t i = 0; i < l.size();) {
-        if (std::chrono::duration<double>(now - l[i].since).count() >= keepS) {
-          old.push_back(l[i]);
-          l[i] = l.back();
-          l.pop_back();
-        } else {
-          ++i;
-        }
-      }
-    }
-    size_t bytes = 0;
-    CaptureModeRelaxed relaxed;  // another thread may be capturing in the global mode
-    for (const Kept& k : old) {
-      // (The guard clears a failure of ours, not an error the application has yet to read.)
-      DeviceGuard guard(k.device);
-      if (cudaFree(k.dev) == cudaSuccess) bytes += k.bytes;
-    }
-    return bytes;
-  }
-
- private:
-  struct Kept {
-    char* dev;
-    int device;
-    size_t bytes;
-    std::chrono::steady_clock::time_point since;
-  };
-  static std::mutex& mu() {
-    static std::mutex* m = new std::mutex;  // never destroyed: links may go during exit
-    return *m;
-  }
-  static std::vector<Kept>& list() {
-    static std::vector<Kept>* l = new std::vector<Kept>;
-    return *l;
-  }
-};
+// kEither: in a descriptor only, GPU memory if the sender's CUDA IPC open of it works, else the
+// spare mapped segment; the sender answers (P2pReply) with the one it took.
+enum Mode : int32_t { kDevice = 1, kMapped = 2, kEither = 3 };
 
 struct P2pDesc {
   uint64_t bytes;
@@ -198,9 +62,16 @@ struct P2pDesc {
   int32_t mode;
   int32_t pad;
   cudaIpcMemHandle_t ipc;  // device mode, other processes
-  char shmName[56];        // mapped mode
+  // Mapped mode: the FIFO's segment; device mode, other processes: the broken word's page.
+  // "/tutti-gpub-<pid>-<8 hex>-<counter>" takes at most 39 (pids up to 2^22, nameSegment).
+  char shmName[40];
+  char spareName[40];  // kEither: the mapped segment the sender takes if its IPC open fails
 };
 static_assert(sizeof(P2pDesc) <= sizeof(Descriptor));
+
+struct P2pReply {
+  int32_t mode;  // kDevice or kMapped: what the sender took of a kEither descriptor
+};
 
 Status cudaFailed(const std::string& what, cudaError_t e) {
   cudaGetLastError();  // not sticky for the application
@@ -233,6 +104,15 @@ class P2pConnection : public Connection {
     uint32_t* brokenPage;  // device mode, other processes: this process's mapping of the page
                            // that holds the broken word (registered; the receiver named it)
     uint32_t* brokenDev;   // the device address of either
+    // Receiver of a kEither descriptor, until the sender's answer: the spare segment, mapped
+    // here (not registered) and still named.
+    void* spareHost;
+    std::string spareName;
+    // Receiver, once the sender took the spare: the GPU memory it offered, left to the
+    // destructor (a cudaFree here may wait for the whole GPU).
+    char* unusedDev;
+    uint32_t* unusedPage;
+    P2pReply answer;  // sender of a kEither descriptor: what it took (mode 0: no answer owed)
   };
   P2pConnection(const ConnSpec& spec, size_t llSlotBytes, Memory m) : m_(std::move(m)) {
     layDeviceFifo(m_.dev, spec.slotBytes, llSlotBytes, &fifo_);
@@ -245,6 +125,8 @@ class P2pConnection : public Connection {
   }
   ~P2pConnection() override {
     if (m_.owner && !m_.shmName.empty()) shm_unlink(m_.shmName.c_str());  // gone if both had it
+    if (!m_.spareName.empty()) shm_unlink(m_.spareName.c_str());          // (no answer came)
+    if (m_.spareHost) munmap(m_.spareHost, m_.bytes);
     if (abandoned_) {
       // The peer's kernel may still read or write this FIFO and poll its broken word (it stops
       // within its next checks), and cudaFree, cudaIpcCloseMemHandle and cudaHostUnregister
@@ -263,6 +145,11 @@ class P2pConnection : public Connection {
       munmap(m_.brokenPage, kBrokenPageBytes);
     }
     if (m_.ownStep) check(cudaFree(m_.ownStep));
+    if (m_.unusedPage) {
+      check(cudaHostUnregister(m_.unusedPage));
+      munmap(m_.unusedPage, kBrokenPageBytes);
+    }
+    if (m_.unusedDev) check(cudaFree(m_.unusedDev));  // the sender never opened it
     if (m_.mode == kDevice) {
       if (m_.ipcOpened) check(cudaIpcCloseMemHandle(m_.dev));
       if (m_.owner && !m_.broken) {  // another process's end: its own mapping
@@ -303,6 +190,60 @@ class P2pConnection : public Connection {
     return m_.bytes;
   }
   const char* transportName() const override { return m_.mode == kDevice ? "p2p" : "shm/mapped"; }
+
+  bool reply(Descriptor* out) override {
+    if (m_.answer.mode == 0) return false;
+    memcpy(out->bytes, &m_.answer, sizeof(m_.answer));
+    return true;
+  }
+  bool awaitsReply() const override { return m_.spareHost != nullptr; }
+  // The sender's choice of a kEither descriptor. Its kernels may already write into what it
+  // took (zero since it was made, so nothing here clears it).
+  Status takeReply(const Descriptor& in) override {
+    P2pReply r;
+    memcpy(&r, in.bytes, sizeof(r));
+    if (r.mode == kDevice) {
+      shm_unlink(m_.spareName.c_str());
+      munmap(m_.spareHost, m_.bytes);
+    } else if (r.mode == kMapped) {
+      char* dev = nullptr;
+      Status s = registerMapped(m_.spareHost, m_.bytes, &dev);
+      if (!s.ok()) return s;
+      shm_unlink(m_.shmName.c_str());  // the broken word's page, which the sender never opened
+      m_.shmName.clear();
+      m_.unusedDev = m_.dev;
+      m_.unusedPage = m_.brokenPage;
+      m_.brokenPage = m_.brokenDev = nullptr;  // a mapped FIFO's broken word is FifoCtrl's
+      m_.mode = kMapped;
+      m_.host = m_.spareHost;
+      m_.dev = dev;
+      layDeviceFifo(m_.dev, fifo_.slotBytes, fifo_.llSlotBytes, &fifo_);
+      fifo_.broken = nullptr;
+    } else {
+      return internalError("p2p: rank " + std::to_string(fifo_.peer) +
+                           " answered with unknown mode " + std::to_string(r.mode));
+    }
+    m_.spareHost = nullptr;
+    m_.spareName.clear();
+    return Status::Ok();
+  }
+
+  // Registers a mapping with CUDA as mapped memory (both ends' kernels reach it): its device
+  // address.
+  static Status registerMapped(void* host, size_t bytes, char** dev) {
+    if (cudaError_t e =
+            cudaHostRegister(host, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+        e != cudaSuccess) {
+      return cudaFailed("cudaHostRegister of shared memory", e);
+    }
+    void* d = nullptr;
+    if (cudaError_t e = cudaHostGetDevicePointer(&d, host, 0); e != cudaSuccess) {
+      cudaHostUnregister(host);
+      return cudaFailed("cudaHostGetDevicePointer", e);
+    }
+    *dev = static_cast<char*>(d);
+    return Status::Ok();
+  }
   static constexpr size_t kBrokenPageBytes = 4096;
 
  private:
@@ -339,8 +280,10 @@ class P2pTransport : public Transport {
     P2pConnection::Memory m{};
     m.owner = true;
     m.bytes = d.bytes;
-    if (deviceModeWith(spec.peer)) {
-      d.mode = m.mode = kDevice;
+    const Mode choice = choiceWith(spec.peer);
+    if (choice != kMapped) {
+      d.mode = choice;
+      m.mode = kDevice;
       m.gpuScope = sameProcess(spec.peer) && sameGpu(spec.peer);
       void* p = nullptr;
       if (cudaError_t e = cudaMalloc(&p, d.bytes); e != cudaSuccess)
@@ -377,6 +320,26 @@ class P2pTransport : public Transport {
         m.shmName = d.shmName;  // unlinked by the sender once it has it, else by the destructor
         m.brokenPage = static_cast<uint32_t*>(page);  // zero: a new segment
         m.brokenDev = reinterpret_cast<uint32_t*>(dev);
+        if (choice == kEither) {
+          // The spare: mapped now, registered only if the sender takes it; nothing here
+          // touches it (a new segment is zero, and the sender may write first).
+          nameSegment("gpus", d.spareName, sizeof(d.spareName));
+          Result<int> spare = createSegment(d.spareName, d.bytes);
+          void* h = MAP_FAILED;
+          int err = 0;
+          if (spare.ok()) {
+            h = mmap(nullptr, d.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, spare.value(), 0);
+            err = errno;
+            close(spare.value());
+            if (h == MAP_FAILED) shm_unlink(d.spareName);
+          }
+          if (h == MAP_FAILED) {
+            P2pConnection dropped(spec, llSlotBytes_, m);  // gives back what m holds
+            return spare.ok() ? errnoStatus("p2p: mmap", err) : spare.status();
+          }
+          m.spareHost = h;
+          m.spareName = d.spareName;
+        }
       } else {
         cudaError_t e = cudaSuccess;
         const BrokenWords::Word w = BrokenWords::make(&e);
@@ -412,6 +375,7 @@ class P2pTransport : public Transport {
     P2pDesc d;
     memcpy(&d, in.bytes, sizeof(d));
     d.shmName[sizeof(d.shmName) - 1] = 0;
+    d.spareName[sizeof(d.spareName) - 1] = 0;
     if (d.slotBytes != spec.slotBytes || d.llSlotBytes != llSlotBytes_) {
       return invalidUsage("p2p: rank " + std::to_string(spec.peer) + " uses slots of " +
                           std::to_string(d.slotBytes) + "/" + std::to_string(d.llSlotBytes) +
@@ -422,7 +386,11 @@ class P2pTransport : public Transport {
     P2pConnection::Memory m{};
     m.mode = Mode(d.mode);
     m.bytes = d.bytes;
-    if (d.mode == kDevice) {
+    if (d.mode == kEither && sameProcess(spec.peer)) {
+      return internalError("p2p: rank " + std::to_string(spec.peer) +
+                           " offered a choice of FIFOs to a rank of its own process");
+    }
+    if (d.mode == kDevice || d.mode == kEither) {
       if (sameProcess(spec.peer)) {
         TUTTI_TRY(enablePeerAccess(spec.peer));
         const BrokenWords::Word w = BrokenWords::hold(reinterpret_cast<uint32_t*>(d.brokenPtr));
@@ -436,13 +404,23 @@ class P2pTransport : public Transport {
         m.gpuScope = sameGpu(spec.peer);
       } else {
         void* p = nullptr;
-        if (cudaError_t e = cudaIpcOpenMemHandle(&p, d.ipc, cudaIpcMemLazyEnablePeerAccess);
-            e != cudaSuccess) {
+        const cudaError_t e = cudaIpcOpenMemHandle(&p, d.ipc, cudaIpcMemLazyEnablePeerAccess);
+        if (e != cudaSuccess && d.mode == kEither) {
+          cudaGetLastError();  // not sticky for the application
+          noteNoIpc(spec.peer, e);
+          m.mode = kMapped;
+          m.answer.mode = kMapped;
+          TUTTI_TRY(openSegment(spec.peer, d.spareName, d.bytes, &m.host, &m.dev));
+          return connected(spec, m);
+        }
+        if (e != cudaSuccess) {
           return cudaFailed("opening rank " + std::to_string(spec.peer) +
                                 "'s FIFO with cudaIpcOpenMemHandle (NCCL_P2P_DISABLE=1 goes "
                                 "through host memory instead)",
                             e);
         }
+        m.mode = kDevice;
+        if (d.mode == kEither) m.answer.mode = kDevice;
         m.dev = static_cast<char*>(p);
         m.ipcOpened = true;
         void* page = nullptr;
@@ -462,7 +440,13 @@ class P2pTransport : public Transport {
       return internalError("p2p: rank " + std::to_string(spec.peer) +
                            " sent a descriptor of unknown mode " + std::to_string(d.mode));
     }
-    // The sender's step lives in its own GPU memory (dev::DevConn::step).
+    return connected(spec, m);
+  }
+
+ private:
+  // The sender's end, once it holds the FIFO: its step, in its own GPU memory
+  // (dev::DevConn::step).
+  Result<std::unique_ptr<Connection>> connected(const ConnSpec& spec, P2pConnection::Memory m) {
     void* step = nullptr;
     cudaError_t e = cudaMalloc(&step, 64);
     Status z = e == cudaSuccess ? zero(step, 64) : cudaFailed("cudaMalloc", e);
@@ -475,7 +459,27 @@ class P2pTransport : public Transport {
     return std::unique_ptr<Connection>(new P2pConnection(spec, llSlotBytes_, m));
   }
 
- private:
+  // A sender whose IPC open of a FIFO on a GPU the receiver could not see failed. Where the
+  // two GPUs cannot reach each other that is the hardware (said at INFO, once per peer);
+  // anything else is worth a warning, once per communicator.
+  void noteNoIpc(int r, cudaError_t e) const {
+    if (std::find(notedNoIpc_.begin(), notedNoIpc_.end(), r) != notedNoIpc_.end()) return;
+    notedNoIpc_.push_back(r);
+    if (e == cudaErrorPeerAccessUnsupported) {
+      TUTTI_INFO(log::kInit,
+                 "rank %d: rank %d's GPU (bus id %s) cannot be reached from this one (%s): "
+                 "links to it go through mapped host memory",
+                 comm_.rank(), r, peer(r).busId, cudaGetErrorString(e));
+    } else if (!warnedIpc_) {
+      warnedIpc_ = true;
+      TUTTI_WARN(
+          "rank %d: cannot open rank %d's FIFO in GPU memory (bus id %s) with "
+          "cudaIpcOpenMemHandle: %s; links to it go through mapped host memory, slower than "
+          "GPU memory",
+          comm_.rank(), r, peer(r).busId, cudaGetErrorString(e));
+    }
+  }
+
   const PeerInfo& me() const { return comm_.peers()[size_t(comm_.rank())]; }
   const PeerInfo& peer(int r) const { return comm_.peers()[size_t(r)]; }
   bool sameProcess(int r) const { return peer(r).pid == me().pid && peer(r).pidNs == me().pidNs; }
@@ -488,32 +492,30 @@ class P2pTransport : public Transport {
     return Status::Ok();
   }
 
-  // GPU memory unless p2p is disabled on either end or the sender's GPU cannot reach the
-  // receiver's. Decided by the receiver from facts both sides share (bus ids, the sender's
-  // NCCL_P2P_DISABLE in its PeerInfo), and carried to the sender.
-  bool deviceModeWith(int r) const {
-    if (p2pDisabled_ || peer(r).device.p2pDisabled) return false;
+  // GPU memory (kDevice) unless p2p is disabled on either end or the sender's GPU cannot reach
+  // the receiver's (kMapped). Decided by the receiver from facts both sides share (bus ids, the
+  // sender's NCCL_P2P_DISABLE in its PeerInfo), and carried to the sender -- but for a sender
+  // on a GPU this process cannot see (kEither), which the sender decides.
+  Mode choiceWith(int r) const {
+    if (p2pDisabled_ || peer(r).device.p2pDisabled) return kMapped;
     // One bus id: the same GPU, or two MIG instances of it, which reach each other only
     // through host memory (no IPC or peer access between instances).
-    if (strcmp(peer(r).busId, me().busId) == 0) return tutti::sameGpu(peer(r), me());
+    if (strcmp(peer(r).busId, me().busId) == 0)
+      return tutti::sameGpu(peer(r), me()) ? kDevice : kMapped;
     const int other = deviceOfBus(peer(r).busId);
-    if (other < 0 && !warnedInvisible_) {
-      warnedInvisible_ = true;  // once per communicator: every peer's GPU is alike, as a rule
-      TUTTI_WARN(
-          "rank %d: rank %d's GPU (bus id %s) is not visible in this process "
-          "(CUDA_VISIBLE_DEVICES?), so their links go through mapped host memory, slower than "
-          "GPU memory; let each process see the GPUs of the ranks on its host",
-          comm_.rank(), r, peer(r).busId);
-    }
+    // CUDA cannot say whether a GPU it does not show reaches this one, but the sender's IPC
+    // open can: it needs the way from its GPU to this one alone. (A rank of this process sees
+    // what this rank sees.)
+    if (other < 0) return sameProcess(r) ? kMapped : kEither;
     // The sender (other) writes into this rank's FIFO and reads its head: its GPU must reach
     // this one (both ways asked: topologies where only one way works are not worth the risk).
     int there = 0, back = 0;
-    if (other < 0 || cudaDeviceCanAccessPeer(&there, other, comm_.cudaDev()) != cudaSuccess ||
+    if (cudaDeviceCanAccessPeer(&there, other, comm_.cudaDev()) != cudaSuccess ||
         cudaDeviceCanAccessPeer(&back, comm_.cudaDev(), other) != cudaSuccess) {
       cudaGetLastError();
-      return false;
+      return kMapped;
     }
-    return there != 0 && back != 0;
+    return there != 0 && back != 0 ? kDevice : kMapped;
   }
 
   Status enablePeerAccess(int r) const {
@@ -562,20 +564,11 @@ class P2pTransport : public Transport {
   static Status mapRegistered(int fd, size_t bytes, void** host, char** dev) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return errnoStatus("p2p: mmap", errno);
-    if (cudaError_t e =
-            cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
-        e != cudaSuccess) {
+    if (Status s = P2pConnection::registerMapped(p, bytes, dev); !s.ok()) {
       munmap(p, bytes);
-      return cudaFailed("cudaHostRegister of shared memory", e);
-    }
-    void* d = nullptr;
-    if (cudaError_t e = cudaHostGetDevicePointer(&d, p, 0); e != cudaSuccess) {
-      cudaHostUnregister(p);
-      munmap(p, bytes);
-      return cudaFailed("cudaHostGetDevicePointer", e);
+      return s;
     }
     *host = p;
-    *dev = static_cast<char*>(d);
     return Status::Ok();
   }
 
@@ -593,7 +586,8 @@ class P2pTransport : public Transport {
 
   Comm& comm_;
   bool p2pDisabled_;
-  mutable bool warnedInvisible_ = false;
+  mutable bool warnedIpc_ = false;
+  mutable std::vector<int> notedNoIpc_;  // peers whose FIFOs this rank could not open
   size_t llSlotBytes_;
 };
 
