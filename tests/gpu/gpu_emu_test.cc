@@ -289,6 +289,31 @@ TEST(GpuEmu, ProcessesThatSeeOnlyTheirOwnGpuLinkThroughGpuMemoryWhereTheGpusReac
               c.fellBack)
         << what << ": " << r.output;
     EXPECT_EQ(r.output.find("cannot open rank"), std::string::npos) << what << ": " << r.output;
+    // Neither the segment not taken nor the other's broken-word page outlives the run.
+    EXPECT_EQ(shmLeftBy(r.output), std::vector<std::string>{}) << what;
+  }
+}
+
+// A kernel whose peer process exits stops (the survivor's peer watch marks its links broken)
+// on the links of processes that each see only their own GPU, whichever their senders took:
+// GPU memory, or the spare mapped segment (no peer access). The survivor receiving, and sending.
+TEST(GpuEmu, AKernelWaitingForAPeerThatSeesOnlyItsOwnGpuStopsWhenThePeerExits) {
+  SKIP_WITHOUT_GPU();
+  for (const char* denied : {"0", "1"}) {
+    for (const char* mode : {"peerexit-device", "peerexit-device-big"}) {
+      const std::string what = std::string(mode) + ", no peer access " + denied;
+      RunResult r = runShell(std::string("TUTTI_EMU_GPUS=2 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "
+                                         "TUTTI_TIMEOUT=600 TUTTI_EMU_NO_PEER_ACCESS=") +
+                             denied + " timeout 60 " + TUTTI_RUN_BIN +
+                             " -n 2 sh -c 'TUTTI_EMU_VISIBLE_DEVICES=$RANK exec \"$0\" \"$1\"' " +
+                             TUTTI_TEST_RANK_BIN + " " + mode + " 2>&1");
+      EXPECT_EQ(r.exitCode, 0) << what << ": " << r.output;
+      EXPECT_NE(r.output.find("device survivor: "), std::string::npos) << what << r.output;
+      const std::vector<LinkLine> links = linkLines(r.output);
+      EXPECT_GT(links.size(), 0u) << what << ": " << r.output;
+      for (const LinkLine& l : links)
+        EXPECT_EQ(l.via, denied[0] == '1' ? "shm/mapped" : "p2p") << what << ": " << l.line;
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -59,6 +60,28 @@ inline std::vector<LinkLine> linkLines(const std::string& out) {
   for (std::sregex_iterator it(out.begin(), out.end(), link), end; it != end; ++it)
     lines.push_back({std::stoi((*it)[1]), std::stoi((*it)[2]), (*it)[3], (*it)[0]});
   return lines;
+}
+
+// The shared-memory segments (/dev/shm/tutti-*) that the processes of a run left behind: their
+// names carry the pid of the process that made them, and the run's log lines carry the ranks'
+// pids ("[rank 0] host:pid:tid ..."; NCCL_DEBUG at INFO or WARN).
+inline std::vector<std::string> shmLeftBy(const std::string& out) {
+  static const std::regex prefix(R"(\[rank \d+\] [^: ]+:(\d+):)");
+  std::vector<std::string> pids, left;
+  for (std::sregex_iterator it(out.begin(), out.end(), prefix), end; it != end; ++it) {
+    if (std::find(pids.begin(), pids.end(), (*it)[1]) == pids.end()) pids.push_back((*it)[1]);
+  }
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      for (const std::string& pid : pids) {
+        if (name.rfind("tutti-", 0) == 0 && name.find("-" + pid + "-") != std::string::npos)
+          left.push_back(name);
+      }
+    }
+    closedir(d);
+  }
+  return left;
 }
 
 // n ranks as threads, rank r on GPU r % gpus (ncclCommInitRank after cudaSetDevice).

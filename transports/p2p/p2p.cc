@@ -105,13 +105,11 @@ class P2pConnection : public Connection {
                            // that holds the broken word (registered; the receiver named it)
     uint32_t* brokenDev;   // the device address of either
     // Receiver of a kEither descriptor, until the sender's answer: the spare segment, mapped
-    // here (not registered) and still named.
+    // here (not registered) and still named; and where to note the answer (the transport's,
+    // for this peer's later links).
     void* spareHost;
     std::string spareName;
-    // Receiver, once the sender took the spare: the GPU memory it offered, left to the
-    // destructor (a cudaFree here may wait for the whole GPU).
-    char* unusedDev;
-    uint32_t* unusedPage;
+    std::map<int, int32_t>* answers;
     P2pReply answer;  // sender of a kEither descriptor: what it took (mode 0: no answer owed)
   };
   P2pConnection(const ConnSpec& spec, size_t llSlotBytes, Memory m) : m_(std::move(m)) {
@@ -145,11 +143,6 @@ class P2pConnection : public Connection {
       munmap(m_.brokenPage, kBrokenPageBytes);
     }
     if (m_.ownStep) check(cudaFree(m_.ownStep));
-    if (m_.unusedPage) {
-      check(cudaHostUnregister(m_.unusedPage));
-      munmap(m_.unusedPage, kBrokenPageBytes);
-    }
-    if (m_.unusedDev) check(cudaFree(m_.unusedDev));  // the sender never opened it
     if (m_.mode == kDevice) {
       if (m_.ipcOpened) check(cudaIpcCloseMemHandle(m_.dev));
       if (m_.owner && !m_.broken) {  // another process's end: its own mapping
@@ -177,6 +170,8 @@ class P2pConnection : public Connection {
     } else if (m_.mode == kMapped) {
       static_cast<FifoCtrl*>(m_.host)->broken.store(1);
     }
+    // No answer yet (a setup that failed half way): the sender may have taken the spare.
+    if (m_.spareHost) static_cast<FifoCtrl*>(m_.spareHost)->broken.store(1);
   }
   size_t abandon() override {
     abandoned_ = true;
@@ -211,8 +206,13 @@ class P2pConnection : public Connection {
       if (!s.ok()) return s;
       shm_unlink(m_.shmName.c_str());  // the broken word's page, which the sender never opened
       m_.shmName.clear();
-      m_.unusedDev = m_.dev;
-      m_.unusedPage = m_.brokenPage;
+      // What the sender could not open goes now, not with the link: a FIFO's bytes of GPU
+      // memory per link otherwise. (These calls may wait for the GPU, as set-up's allocations
+      // may.) A failure of ours is cleared; an error the application has not read yet stays.
+      const cudaError_t unregistered = cudaHostUnregister(m_.brokenPage);
+      munmap(m_.brokenPage, kBrokenPageBytes);
+      const cudaError_t freed = cudaFree(m_.dev);
+      if (unregistered != cudaSuccess || freed != cudaSuccess) cudaGetLastError();
       m_.brokenPage = m_.brokenDev = nullptr;  // a mapped FIFO's broken word is FifoCtrl's
       m_.mode = kMapped;
       m_.host = m_.spareHost;
@@ -225,6 +225,7 @@ class P2pConnection : public Connection {
     }
     m_.spareHost = nullptr;
     m_.spareName.clear();
+    if (m_.answers) (*m_.answers)[fifo_.peer] = r.mode;
     return Status::Ok();
   }
 
@@ -329,7 +330,7 @@ class P2pTransport : public Transport {
           int err = 0;
           if (spare.ok()) {
             h = mmap(nullptr, d.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, spare.value(), 0);
-            err = errno;
+            if (h == MAP_FAILED) err = errno;
             close(spare.value());
             if (h == MAP_FAILED) shm_unlink(d.spareName);
           }
@@ -339,6 +340,7 @@ class P2pTransport : public Transport {
           }
           m.spareHost = h;
           m.spareName = d.spareName;
+          m.answers = &answers_;
         }
       } else {
         cudaError_t e = cudaSuccess;
@@ -404,13 +406,20 @@ class P2pTransport : public Transport {
         m.gpuScope = sameGpu(spec.peer);
       } else {
         void* p = nullptr;
-        const cudaError_t e = cudaIpcOpenMemHandle(&p, d.ipc, cudaIpcMemLazyEnablePeerAccess);
+        // A peer whose FIFOs this rank could not open is not asked again.
+        const bool tried = d.mode == kEither && noIpc_.count(spec.peer);
+        const cudaError_t e = tried
+                                  ? noIpc_[spec.peer]
+                                  : cudaIpcOpenMemHandle(&p, d.ipc, cudaIpcMemLazyEnablePeerAccess);
         if (e != cudaSuccess && d.mode == kEither) {
-          cudaGetLastError();  // not sticky for the application
-          noteNoIpc(spec.peer, e);
+          if (!tried) {
+            cudaGetLastError();  // not sticky for the application
+            noteNoIpc(spec.peer, e);
+          }
           m.mode = kMapped;
           m.answer.mode = kMapped;
           TUTTI_TRY(openSegment(spec.peer, d.spareName, d.bytes, &m.host, &m.dev));
+          shm_unlink(d.shmName);  // the page of the FIFO not taken (its receiver unlinks it too)
           return connected(spec, m);
         }
         if (e != cudaSuccess) {
@@ -420,7 +429,10 @@ class P2pTransport : public Transport {
                             e);
         }
         m.mode = kDevice;
-        if (d.mode == kEither) m.answer.mode = kDevice;
+        if (d.mode == kEither) {
+          m.answer.mode = kDevice;
+          shm_unlink(d.spareName);  // the segment not taken (its receiver unlinks it too)
+        }
         m.dev = static_cast<char*>(p);
         m.ipcOpened = true;
         void* page = nullptr;
@@ -462,9 +474,8 @@ class P2pTransport : public Transport {
   // A sender whose IPC open of a FIFO on a GPU the receiver could not see failed. Where the
   // two GPUs cannot reach each other that is the hardware (said at INFO, once per peer);
   // anything else is worth a warning, once per communicator.
-  void noteNoIpc(int r, cudaError_t e) const {
-    if (std::find(notedNoIpc_.begin(), notedNoIpc_.end(), r) != notedNoIpc_.end()) return;
-    notedNoIpc_.push_back(r);
+  void noteNoIpc(int r, cudaError_t e) {
+    noIpc_[r] = e;
     if (e == cudaErrorPeerAccessUnsupported) {
       TUTTI_INFO(log::kInit,
                  "rank %d: rank %d's GPU (bus id %s) cannot be reached from this one (%s): "
@@ -504,9 +515,13 @@ class P2pTransport : public Transport {
       return tutti::sameGpu(peer(r), me()) ? kDevice : kMapped;
     const int other = deviceOfBus(peer(r).busId);
     // CUDA cannot say whether a GPU it does not show reaches this one, but the sender's IPC
-    // open can: it needs the way from its GPU to this one alone. (A rank of this process sees
-    // what this rank sees.)
-    if (other < 0) return sameProcess(r) ? kMapped : kEither;
+    // open can: it needs the way from its GPU to this one alone. Asked once per peer (a rank
+    // of this process sees what this rank sees).
+    if (other < 0) {
+      if (sameProcess(r)) return kMapped;
+      const auto it = answers_.find(r);
+      return it == answers_.end() ? kEither : Mode(it->second);
+    }
     // The sender (other) writes into this rank's FIFO and reads its head: its GPU must reach
     // this one (both ways asked: topologies where only one way works are not worth the risk).
     int there = 0, back = 0;
@@ -586,8 +601,9 @@ class P2pTransport : public Transport {
 
   Comm& comm_;
   bool p2pDisabled_;
-  mutable bool warnedIpc_ = false;
-  mutable std::vector<int> notedNoIpc_;  // peers whose FIFOs this rank could not open
+  bool warnedIpc_ = false;
+  std::map<int, cudaError_t> noIpc_;  // sender: peers whose FIFOs it could not open, and why
+  std::map<int, int32_t> answers_;    // receiver: what the senders it offered a choice took
   size_t llSlotBytes_;
 };
 
