@@ -93,6 +93,11 @@ class DeviceEngine {
   // refuses device operations before anything runs where they do not.
   const Status& settingsAgree() const { return settingsAgree_; }
 
+  // Whether ranks of this process share this GPU as threads (this communicator's, or another
+  // engine's here): then the destructor frees on a thread of its own (Reaper), and
+  // link set-up leaves what it could free to the links' destructors (p2p).
+  bool threadsShareGpuHere() const;
+
  private:
   Status init();
   Status plan(const CollArgs* ops, size_t n);  // prepare() under mu_
@@ -138,9 +143,6 @@ class DeviceEngine {
   // threads sharing this GPU, not this communicator's) has a launch on this GPU that has not
   // ended 2 s later: a cudaFree would wait for it.
   bool othersBusyOnGpu(bool siblingsOnly) const;
-  // Whether ranks of this process share this GPU as threads (this communicator's, or another
-  // engine's here): then the destructor frees on a thread of its own (Reaper).
-  bool threadsShareGpuHere() const;
   // Whether a rank of this communicator is a thread of this process on another GPU: a link to
   // it frees that rank's FIFO (on its GPU) where this end goes last, and cudaFree waits for
   // that whole GPU, whose kernel of another communicator may wait for this thread's next call.

@@ -2,10 +2,11 @@
 # Builds tutti on the emulated CUDA runtime with TUTTI_KERNEL_FILTER=float -- what a developer's
 # filtered build has -- and runs kernel_filter_probe.cc on it: a reduction of a type without a
 # kernel is refused at the call with a message naming the build's kernels, and nothing is lost.
+# Arguments: the source tree, the CUDA toolkit's include directory, and a directory to build in
+# (kept, so that a second run only builds what changed).
 set -euo pipefail
-src=$1 cuda_include=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+src=$1 cuda_include=$2 work=$3
+mkdir -p "$work"
 cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTUTTI_CUDA=EMU \
   -DTUTTI_KERNEL_FILTER=float -DTUTTI_BUILD_TESTS=OFF >"$work/configure.log" ||
   { cat "$work/configure.log"; exit 1; }

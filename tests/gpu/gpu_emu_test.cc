@@ -290,13 +290,17 @@ TEST(GpuEmu, ProcessesThatSeeOnlyTheirOwnGpuLinkThroughGpuMemoryWhereTheGpusReac
         << what << ": " << r.output;
     EXPECT_EQ(r.output.find("cannot open rank"), std::string::npos) << what << ": " << r.output;
     // Neither the segment not taken nor the other's broken-word page outlives the run.
-    EXPECT_EQ(shmLeftBy(r.output), std::vector<std::string>{}) << what;
+    const std::vector<std::string> pids = pidsIn(r.output);
+    EXPECT_EQ(pids.size(), 2u) << what << ": " << r.output;
+    EXPECT_EQ(shmLeftBy(pids), std::vector<std::string>{}) << what;
   }
 }
 
 // A kernel whose peer process exits stops (the survivor's peer watch marks its links broken)
 // on the links of processes that each see only their own GPU, whichever their senders took:
-// GPU memory, or the spare mapped segment (no peer access). The survivor receiving, and sending.
+// GPU memory, or the spare mapped segment (no peer access), for a surviving receiver; for a
+// surviving sender, GPU memory, or (its send link made after the ring's, once its peer knows
+// the answer) mapped memory offered as such.
 TEST(GpuEmu, AKernelWaitingForAPeerThatSeesOnlyItsOwnGpuStopsWhenThePeerExits) {
   SKIP_WITHOUT_GPU();
   for (const char* denied : {"0", "1"}) {

@@ -62,15 +62,21 @@ inline std::vector<LinkLine> linkLines(const std::string& out) {
   return lines;
 }
 
-// The shared-memory segments (/dev/shm/tutti-*) that the processes of a run left behind: their
-// names carry the pid of the process that made them, and the run's log lines carry the ranks'
-// pids ("[rank 0] host:pid:tid ..."; NCCL_DEBUG at INFO or WARN).
-inline std::vector<std::string> shmLeftBy(const std::string& out) {
+// The pids of a run's ranks, from their log lines ("[rank 0] host:pid:tid ...": tutti-run's
+// prefix, then the library's; NCCL_DEBUG at INFO or WARN).
+inline std::vector<std::string> pidsIn(const std::string& out) {
   static const std::regex prefix(R"(\[rank \d+\] [^: ]+:(\d+):)");
-  std::vector<std::string> pids, left;
+  std::vector<std::string> pids;
   for (std::sregex_iterator it(out.begin(), out.end(), prefix), end; it != end; ++it) {
     if (std::find(pids.begin(), pids.end(), (*it)[1]) == pids.end()) pids.push_back((*it)[1]);
   }
+  return pids;
+}
+
+// The shared-memory segments (/dev/shm/tutti-*) those processes left behind: their names carry
+// the pid of the process that made them.
+inline std::vector<std::string> shmLeftBy(const std::vector<std::string>& pids) {
+  std::vector<std::string> left;
   if (DIR* d = opendir("/dev/shm")) {
     while (dirent* e = readdir(d)) {
       const std::string name = e->d_name;

@@ -34,10 +34,12 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "runtime/comm.h"
 #include "runtime/cuda_scope.h"
+#include "runtime/device_engine.h"
 #include "runtime/env.h"
 #include "runtime/log.h"
 #include "transports/p2p/p2p_pools.h"
@@ -105,11 +107,17 @@ class P2pConnection : public Connection {
                            // that holds the broken word (registered; the receiver named it)
     uint32_t* brokenDev;   // the device address of either
     // Receiver of a kEither descriptor, until the sender's answer: the spare segment, mapped
-    // here (not registered) and still named; and where to note the answer (the transport's,
-    // for this peer's later links).
+    // here (not registered) and still named; and where to note that the sender took the spare
+    // (the transport's, for this peer's later links).
     void* spareHost;
     std::string spareName;
-    std::map<int, int32_t>* answers;
+    std::set<int>* tookSpare;
+    // Whether the GPU memory a sender could not open is freed as soon as it says so (a cudaFree
+    // waits for the whole GPU: not where ranks on threads share it, one of whose kernels may
+    // wait for this thread's next call); else the destructor frees it.
+    bool freeUnusedNow;
+    char* unusedDev;
+    uint32_t* unusedPage;
     P2pReply answer;  // sender of a kEither descriptor: what it took (mode 0: no answer owed)
   };
   P2pConnection(const ConnSpec& spec, size_t llSlotBytes, Memory m) : m_(std::move(m)) {
@@ -143,6 +151,11 @@ class P2pConnection : public Connection {
       munmap(m_.brokenPage, kBrokenPageBytes);
     }
     if (m_.ownStep) check(cudaFree(m_.ownStep));
+    if (m_.unusedPage) {
+      check(cudaHostUnregister(m_.unusedPage));
+      munmap(m_.unusedPage, kBrokenPageBytes);
+    }
+    if (m_.unusedDev) check(cudaFree(m_.unusedDev));  // the sender never opened it
     if (m_.mode == kDevice) {
       if (m_.ipcOpened) check(cudaIpcCloseMemHandle(m_.dev));
       if (m_.owner && !m_.broken) {  // another process's end: its own mapping
@@ -206,13 +219,17 @@ class P2pConnection : public Connection {
       if (!s.ok()) return s;
       shm_unlink(m_.shmName.c_str());  // the broken word's page, which the sender never opened
       m_.shmName.clear();
-      // What the sender could not open goes now, not with the link: a FIFO's bytes of GPU
-      // memory per link otherwise. (These calls may wait for the GPU, as set-up's allocations
-      // may.) A failure of ours is cleared; an error the application has not read yet stays.
-      const cudaError_t unregistered = cudaHostUnregister(m_.brokenPage);
-      munmap(m_.brokenPage, kBrokenPageBytes);
-      const cudaError_t freed = cudaFree(m_.dev);
-      if (unregistered != cudaSuccess || freed != cudaSuccess) cudaGetLastError();
+      // What the sender could not open goes now where it may (see freeUnusedNow), not with the
+      // link: a FIFO's bytes of GPU memory per link otherwise.
+      if (m_.freeUnusedNow) {
+        const cudaError_t unregistered = cudaHostUnregister(m_.brokenPage);
+        munmap(m_.brokenPage, kBrokenPageBytes);
+        const cudaError_t freed = cudaFree(m_.dev);
+        if (unregistered != cudaSuccess || freed != cudaSuccess) cudaGetLastError();
+      } else {
+        m_.unusedPage = m_.brokenPage;
+        m_.unusedDev = m_.dev;
+      }
       m_.brokenPage = m_.brokenDev = nullptr;  // a mapped FIFO's broken word is FifoCtrl's
       m_.mode = kMapped;
       m_.host = m_.spareHost;
@@ -225,7 +242,10 @@ class P2pConnection : public Connection {
     }
     m_.spareHost = nullptr;
     m_.spareName.clear();
-    if (m_.answers) (*m_.answers)[fifo_.peer] = r.mode;
+    // A peer whose sender took the spare gets mapped memory at once from now on. (Not one
+    // that took GPU memory: an offer of both costs a name and a mapping, and keeps the way
+    // back to mapped memory should a later open fail.)
+    if (m_.tookSpare && r.mode == kMapped) m_.tookSpare->insert(fifo_.peer);
     return Status::Ok();
   }
 
@@ -340,7 +360,8 @@ class P2pTransport : public Transport {
           }
           m.spareHost = h;
           m.spareName = d.spareName;
-          m.answers = &answers_;
+          m.tookSpare = &tookSpare_;
+          m.freeUnusedNow = !comm_.deviceEngine().threadsShareGpuHere();  // (its links)
         }
       } else {
         cudaError_t e = cudaSuccess;
@@ -409,7 +430,7 @@ class P2pTransport : public Transport {
         // A peer whose FIFOs this rank could not open is not asked again.
         const bool tried = d.mode == kEither && noIpc_.count(spec.peer);
         const cudaError_t e = tried
-                                  ? noIpc_[spec.peer]
+                                  ? noIpc_.at(spec.peer)
                                   : cudaIpcOpenMemHandle(&p, d.ipc, cudaIpcMemLazyEnablePeerAccess);
         if (e != cudaSuccess && d.mode == kEither) {
           if (!tried) {
@@ -515,13 +536,9 @@ class P2pTransport : public Transport {
       return tutti::sameGpu(peer(r), me()) ? kDevice : kMapped;
     const int other = deviceOfBus(peer(r).busId);
     // CUDA cannot say whether a GPU it does not show reaches this one, but the sender's IPC
-    // open can: it needs the way from its GPU to this one alone. Asked once per peer (a rank
-    // of this process sees what this rank sees).
-    if (other < 0) {
-      if (sameProcess(r)) return kMapped;
-      const auto it = answers_.find(r);
-      return it == answers_.end() ? kEither : Mode(it->second);
-    }
+    // open can: it needs the way from its GPU to this one alone. Once a sender took the spare,
+    // its later links are mapped (a rank of this process sees what this rank sees).
+    if (other < 0) return sameProcess(r) || tookSpare_.count(r) ? kMapped : kEither;
     // The sender (other) writes into this rank's FIFO and reads its head: its GPU must reach
     // this one (both ways asked: topologies where only one way works are not worth the risk).
     int there = 0, back = 0;
@@ -603,7 +620,7 @@ class P2pTransport : public Transport {
   bool p2pDisabled_;
   bool warnedIpc_ = false;
   std::map<int, cudaError_t> noIpc_;  // sender: peers whose FIFOs it could not open, and why
-  std::map<int, int32_t> answers_;    // receiver: what the senders it offered a choice took
+  std::set<int> tookSpare_;           // receiver: peers whose senders took the spare
   size_t llSlotBytes_;
 };
 
