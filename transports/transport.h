@@ -227,7 +227,7 @@ inline void prefaultSlots(const FifoView& f) {
 // Carries the receiver's setup information to the sender over the bootstrap
 // (and a sender's answer back, Connection::reply).
 struct Descriptor {
-  char bytes[192];
+  char bytes[256];
 };
 
 class Connection {

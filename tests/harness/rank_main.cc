@@ -132,12 +132,13 @@ int checkComm(ncclComm_t comm, int wantRank, int wantSize) {
     fprintf(stderr, "rank %d/%d, expected %d/%d\n", rank, size, wantRank, wantSize);
     return 1;
   }
-  // Every rank learned every other's pid during init: they must be distinct processes.
+  // Every rank learned every other's pid during init: they must be distinct processes (a pid
+  // names one process within its pid namespace alone).
   auto* c = reinterpret_cast<tutti::Comm*>(comm);
   for (int r = 0; r < size; ++r) {
     if (c->peers()[r].rank != r) return failWith("peer table", comm);
     for (int q = 0; q < r; ++q) {
-      if (c->peers()[q].pid == c->peers()[r].pid) {
+      if (c->peers()[q].pid == c->peers()[r].pid && c->peers()[q].pidNs == c->peers()[r].pidNs) {
         fprintf(stderr, "ranks %d and %d report the same pid\n", q, r);
         return 1;
       }

@@ -65,9 +65,9 @@ struct P2pDesc {
   int32_t pad;
   cudaIpcMemHandle_t ipc;  // device mode, other processes
   // Mapped mode: the FIFO's segment; device mode, other processes: the broken word's page.
-  // "/tutti-gpub-<pid>-<8 hex>-<counter>" takes at most 39 (pids up to 2^22, nameSegment).
-  char shmName[40];
-  char spareName[40];  // kEither: the mapped segment the sender takes if its IPC open fails
+  // "/tutti-gpub-<pid>-<8 hex>-<rank>-<counter>" takes at most 50 (nameSegment).
+  char shmName[64];
+  char spareName[64];  // kEither: the mapped segment the sender takes if its IPC open fails
 };
 static_assert(sizeof(P2pDesc) <= sizeof(Descriptor));
 
@@ -563,11 +563,12 @@ class P2pTransport : public Transport {
     return Status::Ok();
   }
 
-  // A name for a new segment of this process: /tutti-<what>-<pid>-<comm hash>-<counter>.
+  // A name for a new segment of this process: /tutti-<what>-<pid>-<comm hash>-<rank>-<counter>
+  // (the rank too: ranks in other pid namespaces, containers, may share /dev/shm and a pid).
   void nameSegment(const char* what, char* name, size_t size) const {
     static std::atomic<uint32_t> counter{0};
-    snprintf(name, size, "/tutti-%s-%d-%08x-%u", what, int(getpid()),
-             unsigned(comm_.commHash() & 0xffffffffu), counter.fetch_add(1));
+    snprintf(name, size, "/tutti-%s-%d-%08x-%d-%u", what, int(getpid()),
+             unsigned(comm_.commHash() & 0xffffffffu), comm_.rank(), counter.fetch_add(1));
   }
   // Creates a POSIX shared-memory segment of `bytes` (zero) and returns its descriptor.
   static Result<int> createSegment(const char* name, size_t bytes) {

@@ -79,8 +79,10 @@ class ShmTransport : public Transport {
   Result<std::unique_ptr<Connection>> setupRecv(const ConnSpec& spec, Descriptor* out) override {
     static std::atomic<uint32_t> counter{0};
     ShmDesc d{};
-    snprintf(d.name, sizeof(d.name), "/tutti-%d-%08x-%u", static_cast<int>(getpid()),
-             static_cast<unsigned>(comm_.commHash() & 0xffffffffu), counter.fetch_add(1));
+    // The rank too: ranks in other pid namespaces (containers) may share /dev/shm and a pid.
+    snprintf(d.name, sizeof(d.name), "/tutti-%d-%08x-%d-%u", static_cast<int>(getpid()),
+             static_cast<unsigned>(comm_.commHash() & 0xffffffffu), comm_.rank(),
+             counter.fetch_add(1));
     d.slotBytes = spec.slotBytes;
     d.bytes = segmentBytes(spec.slotBytes);
     int fd = shm_open(d.name, O_CREAT | O_EXCL | O_RDWR, 0600);
