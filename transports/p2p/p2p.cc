@@ -346,19 +346,14 @@ class P2pTransport : public Transport {
           // touches it (a new segment is zero, and the sender may write first).
           nameSegment("gpus", d.spareName, sizeof(d.spareName));
           Result<int> spare = createSegment(d.spareName, d.bytes);
-          void* h = MAP_FAILED;
-          int err = 0;
-          if (spare.ok()) {
-            h = mmap(nullptr, d.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, spare.value(), 0);
-            if (h == MAP_FAILED) err = errno;
-            close(spare.value());
-            if (h == MAP_FAILED) shm_unlink(d.spareName);
-          }
-          if (h == MAP_FAILED) {
+          Result<void*> h = spare.ok() ? mapShared(spare.value(), d.bytes) : spare.status();
+          if (spare.ok()) close(spare.value());
+          if (!h.ok()) {
+            if (spare.ok()) shm_unlink(d.spareName);
             P2pConnection dropped(spec, llSlotBytes_, m);  // gives back what m holds
-            return spare.ok() ? errnoStatus("p2p: mmap", err) : spare.status();
+            return h.status();
           }
-          m.spareHost = h;
+          m.spareHost = h.value();
           m.spareName = d.spareName;
           m.tookSpare = &tookSpare_;
           m.freeUnusedNow = !comm_.deviceEngine().threadsShareGpuHere();  // (its links)
@@ -428,12 +423,11 @@ class P2pTransport : public Transport {
       } else {
         void* p = nullptr;
         // A peer whose FIFOs this rank could not open is not asked again.
-        const bool tried = d.mode == kEither && noIpc_.count(spec.peer);
-        const cudaError_t e = tried
-                                  ? noIpc_.at(spec.peer)
-                                  : cudaIpcOpenMemHandle(&p, d.ipc, cudaIpcMemLazyEnablePeerAccess);
-        if (e != cudaSuccess && d.mode == kEither) {
-          if (!tried) {
+        const bool knownNo = d.mode == kEither && noIpc_.count(spec.peer);
+        cudaError_t e = cudaSuccess;
+        if (!knownNo) e = cudaIpcOpenMemHandle(&p, d.ipc, cudaIpcMemLazyEnablePeerAccess);
+        if (d.mode == kEither && (knownNo || e != cudaSuccess)) {
+          if (!knownNo) {
             cudaGetLastError();  // not sticky for the application
             noteNoIpc(spec.peer, e);
           }
@@ -496,7 +490,7 @@ class P2pTransport : public Transport {
   // two GPUs cannot reach each other that is the hardware (said at INFO, once per peer);
   // anything else is worth a warning, once per communicator.
   void noteNoIpc(int r, cudaError_t e) {
-    noIpc_[r] = e;
+    noIpc_.insert(r);
     if (e == cudaErrorPeerAccessUnsupported) {
       TUTTI_INFO(log::kInit,
                  "rank %d: rank %d's GPU (bus id %s) cannot be reached from this one (%s): "
@@ -593,10 +587,15 @@ class P2pTransport : public Transport {
     shm_unlink(name);
     return s;
   }
-  // Maps a segment and registers it with CUDA as mapped memory: its host and device addresses.
-  static Status mapRegistered(int fd, size_t bytes, void** host, char** dev) {
+  // Maps a segment into this process (not registered).
+  static Result<void*> mapShared(int fd, size_t bytes) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return errnoStatus("p2p: mmap", errno);
+    return p;
+  }
+  // Maps a segment and registers it with CUDA as mapped memory: its host and device addresses.
+  static Status mapRegistered(int fd, size_t bytes, void** host, char** dev) {
+    TUTTI_ASSIGN(p, mapShared(fd, bytes));
     if (Status s = P2pConnection::registerMapped(p, bytes, dev); !s.ok()) {
       munmap(p, bytes);
       return s;
@@ -620,8 +619,8 @@ class P2pTransport : public Transport {
   Comm& comm_;
   bool p2pDisabled_;
   bool warnedIpc_ = false;
-  std::map<int, cudaError_t> noIpc_;  // sender: peers whose FIFOs it could not open, and why
-  std::set<int> tookSpare_;           // receiver: peers whose senders took the spare
+  std::set<int> noIpc_;      // sender: peers whose FIFOs it could not open
+  std::set<int> tookSpare_;  // receiver: peers whose senders took the spare
   size_t llSlotBytes_;
 };
 
